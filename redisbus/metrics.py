@@ -1,0 +1,339 @@
+"""Client-side Prometheus metrics of redisbus (SPEC section 7).
+
+Nothing here does I/O or registers a metric at import. A :class:`BusMetrics` creates its
+metric families on the registry it is given (the process-wide default registry when none is
+given) the first time that registry is used; later instances on the same registry share the
+families, so several buses in one process can each hold a ``BusMetrics``. :data:`NOOP` has
+the same methods and does nothing: the bus uses it when metrics are off.
+
+Series (every label bounded; no message id, agent or channel name is ever a label):
+
+====================================================  =============================================
+``redisbus_messages_sent_total{type,host}``           messages accepted into a stream, by type
+``redisbus_send_rejected_total{reason,host}``         sends refused, by :data:`REJECT_REASONS`
+``redisbus_delivery_latency_seconds{host}``           histogram: entry id millisecond -> Redis
+                                                      ``TIME`` at fetch (one clock, no host skew)
+``redisbus_messages_received_total{host}``            messages fetched by agents of this process
+``redisbus_messages_done_total{host}``                messages marked done
+``redisbus_redeliveries_total{host}``                 messages fetched again after a lost lease
+``redisbus_dead_lettered_total{host}``                messages moved to a dead-letter stream
+``redisbus_build_info{version}``                      always 1
+====================================================  =============================================
+
+``host`` is the name an operator gives this agent host (a settings field, e.g. ``host-a``),
+not an automatic hostname: keep it stable across restarts so the label set stays small.
+An empty ``host`` is allowed; Prometheus then stores the series without the label.
+Message types and refusal reasons outside the known sets are counted as ``other``, so a
+caller cannot grow the label set without bound.
+
+Exposing ``/metrics`` from an agent host::
+
+    from redisbus.metrics import BusMetrics, serve_metrics
+    metrics = BusMetrics(host="host-a")   # pass it to the bus
+    serve_metrics(9108)                   # background thread; returns (server, thread)
+
+Multi-process servers (gunicorn, uvicorn workers, several agent processes on one host):
+
+1. Before each process starts -- before anything imports ``prometheus_client`` -- set
+   ``PROMETHEUS_MULTIPROC_DIR`` to an empty directory writable by all the processes, and
+   clear it on every deploy. prometheus-client picks its storage when it is first imported.
+2. Create ``BusMetrics`` in each worker as usual: counters and the histogram are written to
+   per-process files and summed at scrape time; the build-info gauge is created with
+   ``multiprocess_mode="max"`` so it stays a single series of value 1.
+3. Serve from one process with ``serve_metrics(port)``: when the variable is set and no
+   registry is passed, it serves a fresh registry holding a ``MultiProcessCollector`` that
+   reads every worker's files. With gunicorn, call
+   ``prometheus_client.multiprocess.mark_process_dead(worker.pid)`` from ``child_exit``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Final, Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import start_http_server as _start_http_server
+from prometheus_client.multiprocess import MultiProcessCollector
+
+__all__ = [
+    "LATENCY_BUCKETS_S",
+    "MESSAGE_TYPES",
+    "NOOP",
+    "REJECT_REASONS",
+    "BusMetrics",
+    "MetricsSink",
+    "NoopMetrics",
+    "serve_metrics",
+]
+
+#: Delivery-latency buckets in seconds: 1 ms (loopback) to 10 min (an agent busy on a turn).
+LATENCY_BUCKETS_S: Final[tuple[float, ...]] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+
+#: Values of the ``reason`` label; one per refusal the send script or the client can report.
+REJECT_REASONS: Final[frozenset[str]] = frozenset(
+    {
+        "inbox_full",
+        "rate_limited",
+        "too_large",
+        "chain_too_deep",
+        "loop",
+        "routing_refused",
+        "unknown_agent",
+        "recipient_closed",
+        "channel_paused",
+        "budget",
+        "invalid_input",
+    }
+)
+
+#: Values of the ``type`` label; any other message type is counted as ``other``.
+MESSAGE_TYPES: Final[frozenset[str]] = frozenset(
+    {
+        "message",
+        "request",
+        "status_update",
+        "delegate_task",
+        "auto_reply",
+        "outcome",
+        "control",
+    }
+)
+
+_OTHER: Final = "other"
+_MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class MetricsSink(Protocol):
+    """What the bus calls; both :class:`BusMetrics` and :class:`NoopMetrics` satisfy it."""
+
+    def sent(self, type_: str) -> None: ...
+    def rejected(self, reason: str) -> None: ...
+    def delivered(self, latency_s: float) -> None: ...
+    def received(self, n: int = 1) -> None: ...
+    def done(self, n: int = 1) -> None: ...
+    def redelivered(self, n: int = 1) -> None: ...
+    def dead_lettered(self, n: int = 1) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Families:
+    """The metric families of one registry, shared by every BusMetrics using it."""
+
+    sent: Counter
+    rejected: Counter
+    latency: Histogram
+    received: Counter
+    done: Counter
+    redelivered: Counter
+    dead_lettered: Counter
+    build_info: Gauge
+
+
+# Weak keys: a test's throwaway registry takes its families with it when it is dropped.
+_families: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
+_families_lock = threading.Lock()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("redisbus")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _create_families(registry: CollectorRegistry) -> _Families:
+    host = ("host",)
+    families = _Families(
+        sent=Counter(
+            "redisbus_messages_sent",
+            "Messages accepted into a channel stream, by message type.",
+            ("type", "host"),
+            registry=registry,
+        ),
+        rejected=Counter(
+            "redisbus_send_rejected",
+            "Sends refused (per recipient), by reason.",
+            ("reason", "host"),
+            registry=registry,
+        ),
+        latency=Histogram(
+            "redisbus_delivery_latency_seconds",
+            "Time from a message's stream entry id to Redis TIME when its recipient fetched "
+            "it; both read on the Redis clock, so hosts' clocks do not matter.",
+            host,
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        ),
+        received=Counter(
+            "redisbus_messages_received",
+            "Messages fetched by agents of this process.",
+            host,
+            registry=registry,
+        ),
+        done=Counter(
+            "redisbus_messages_done",
+            "Messages marked done by agents of this process.",
+            host,
+            registry=registry,
+        ),
+        redelivered=Counter(
+            "redisbus_redeliveries",
+            "Messages fetched again after another replica's lease ran out.",
+            host,
+            registry=registry,
+        ),
+        dead_lettered=Counter(
+            "redisbus_dead_lettered",
+            "Messages moved to a dead-letter stream after too many deliveries.",
+            host,
+            registry=registry,
+        ),
+        build_info=Gauge(
+            "redisbus_build_info",
+            "Always 1; the version label says which redisbus this process runs.",
+            ("version",),
+            registry=registry,
+            multiprocess_mode="max",
+        ),
+    )
+    families.build_info.labels(_version()).set(1)
+    return families
+
+
+def _families_for(registry: CollectorRegistry) -> _Families:
+    with _families_lock:
+        found = _families.get(registry)
+        if found is None:
+            found = _families[registry] = _create_families(registry)
+        return found
+
+
+class BusMetrics:
+    """Client metrics of one agent host, recorded into ``registry``.
+
+    ``registry`` defaults to prometheus-client's process-wide registry (what
+    :func:`serve_metrics` serves by default). ``host`` becomes the ``host`` label of every
+    series this instance records; see the module docstring for how to choose it.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, host: str = "") -> None:
+        self.registry: CollectorRegistry = REGISTRY if registry is None else registry
+        self.host = host
+        f = _families_for(self.registry)
+        # Every known series exists from the start at 0, so rate() and increase() see the
+        # first event instead of the series appearing with it (and dashboards show 0, not
+        # "no data", on a quiet fleet).
+        self._sent = {t: f.sent.labels(t, host) for t in (*sorted(MESSAGE_TYPES), _OTHER)}
+        self._rejected = {r: f.rejected.labels(r, host) for r in (*sorted(REJECT_REASONS), _OTHER)}
+        self._latency = f.latency.labels(host)
+        self._received = f.received.labels(host)
+        self._done = f.done.labels(host)
+        self._redelivered = f.redelivered.labels(host)
+        self._dead_lettered = f.dead_lettered.labels(host)
+
+    def sent(self, type_: str) -> None:
+        """One message of type ``type_`` was accepted for one recipient."""
+        self._sent.get(type_, self._sent[_OTHER]).inc()
+
+    def rejected(self, reason: str) -> None:
+        """One send (to one recipient) was refused for ``reason``."""
+        self._rejected.get(reason, self._rejected[_OTHER]).inc()
+
+    def delivered(self, latency_s: float) -> None:
+        """A recipient fetched a message ``latency_s`` seconds after it was appended."""
+        # The same Redis clock stamps both ends, but a failover to a replica whose clock is
+        # slightly behind can yield a small negative difference: count it as immediate.
+        self._latency.observe(max(latency_s, 0.0))
+
+    def received(self, n: int = 1) -> None:
+        """Agents of this process fetched ``n`` messages."""
+        if n > 0:
+            self._received.inc(n)
+
+    def done(self, n: int = 1) -> None:
+        """``n`` messages were marked done."""
+        if n > 0:
+            self._done.inc(n)
+
+    def redelivered(self, n: int = 1) -> None:
+        """``n`` messages were fetched again after a lease ran out."""
+        if n > 0:
+            self._redelivered.inc(n)
+
+    def dead_lettered(self, n: int = 1) -> None:
+        """``n`` messages were moved to a dead-letter stream."""
+        if n > 0:
+            self._dead_lettered.inc(n)
+
+
+class NoopMetrics:
+    """The :class:`MetricsSink` used when metrics are off: every method does nothing."""
+
+    def sent(self, type_: str) -> None:
+        pass
+
+    def rejected(self, reason: str) -> None:
+        pass
+
+    def delivered(self, latency_s: float) -> None:
+        pass
+
+    def received(self, n: int = 1) -> None:
+        pass
+
+    def done(self, n: int = 1) -> None:
+        pass
+
+    def redelivered(self, n: int = 1) -> None:
+        pass
+
+    def dead_lettered(self, n: int = 1) -> None:
+        pass
+
+
+NOOP: Final[NoopMetrics] = NoopMetrics()
+
+
+def serve_metrics(
+    port: int,
+    addr: str = "0.0.0.0",
+    registry: CollectorRegistry | None = None,
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics`` on ``addr:port`` from a daemon thread; returns (server, thread).
+
+    Without ``registry``: the multi-process view when ``PROMETHEUS_MULTIPROC_DIR`` is set
+    (see the module docstring), else the process-wide default registry. Port 0 picks a free
+    port: read it back from ``server.server_port``. Stop with ``server.shutdown()``.
+    """
+    if registry is None:
+        if os.environ.get(_MULTIPROC_ENV):
+            registry = CollectorRegistry()
+            # prometheus-client ships this constructor without annotations.
+            MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        else:
+            registry = REGISTRY
+    return _start_http_server(port, addr=addr, registry=registry)
