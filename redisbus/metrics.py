@@ -61,6 +61,8 @@ from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
 __all__ = [
+    "AGENT_STATUSES",
+    "FLEET_GAUGES",
     "LATENCY_BUCKETS_S",
     "MESSAGE_TYPES",
     "NOOP",
@@ -122,6 +124,33 @@ MESSAGE_TYPES: Final[frozenset[str]] = frozenset(
         "control",
     }
 )
+
+#: Values of the ``status`` label of ``redisbus_agents``.
+AGENT_STATUSES: Final[tuple[str, ...]] = (
+    "running",
+    "waiting",
+    "idle",
+    "completed",
+    "failed",
+    "cancelled",
+    "lost",
+)
+
+#: The gauges ``redisbus exporter`` publishes, name -> label names. The Grafana dashboard and
+#: the alert rules use exactly these names (a test checks it); the exporter should build its
+#: gauges from this table. Fleet totals carry no label of their own: one exporter per Redis
+#: deployment, told apart by Prometheus' ``job``/``instance``.
+FLEET_GAUGES: Final[dict[str, tuple[str, ...]]] = {
+    "redisbus_channels": (),
+    "redisbus_unread_messages": (),
+    "redisbus_oldest_unread_age_seconds": (),
+    "redisbus_pending_messages": (),
+    "redisbus_dead_letters": (),
+    "redisbus_agents": ("status",),
+    "redisbus_channel_unread_messages": ("channel",),  # the exporter's top N channels only
+    "redisbus_watchdog_stale_unread_messages": (),
+    "redisbus_exporter_scrape_duration_seconds": (),
+}
 
 _OTHER: Final = "other"
 _MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
