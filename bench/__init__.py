@@ -1,0 +1,1 @@
+"""Benchmarks of redisbus beside raw redis-py and FastStream (SPEC §10): python -m bench."""

@@ -1,0 +1,423 @@
+"""redisbus cases, written against the public API of SPEC §2 only.
+
+Every channel is created with limits far above what a case sends, so every limit is checked on
+every send and none refuses. A refused send makes the case fail: it would not be measuring the
+happy path any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from multiprocessing.synchronize import Event
+from typing import Any
+
+from bench.baselines import SUBJECT, WARMUP, memory_metrics, paced, sleep_until, wakeup_count
+from bench.common import (
+    Ctx,
+    Metrics,
+    RoundTrips,
+    Sink,
+    body,
+    body_ts,
+    command_calls,
+    latency_metrics,
+    maybe_await,
+    pubsub_phases,
+    used_memory,
+)
+
+#: High enough that nothing is refused, while every limit is still evaluated.
+HIGH = 1_000_000_000
+LIMITS: dict[str, Any] = {
+    "routing": "open",
+    "inbox_cap": HIGH,
+    "pair_rate_burst": HIGH,
+    "pair_rate_per_s": HIGH,
+    "sender_rate_burst": HIGH,
+    "sender_rate_per_s": HIGH,
+}
+
+
+class Unavailable(Exception):
+    """The core does not offer what this case needs (yet)."""
+
+
+def available() -> str | None:
+    """``None`` when the redisbus public API is importable, else why not."""
+    try:
+        import redisbus
+    except Exception as exc:
+        return f"redisbus not importable: {exc!r}"
+    missing = [n for n in ("Bus", "AsyncBus") if not hasattr(redisbus, n)]
+    if missing:
+        return f"redisbus has no {', '.join(missing)} yet (core not landed)"
+    return None
+
+
+def _bus(ctx: Ctx) -> Any:
+    from redisbus import Bus
+
+    return Bus.from_url(ctx.url)
+
+
+async def _abus(ctx: Ctx) -> Any:
+    from redisbus import AsyncBus
+
+    return await maybe_await(AsyncBus.from_url(ctx.url))
+
+
+@contextmanager
+def opened(ctx: Ctx) -> Iterator[Any]:
+    bus = _bus(ctx)
+    try:
+        yield bus
+    finally:
+        bus.close()
+
+
+def check(receipt: Any) -> None:
+    """Fail loudly on a refused send (a refusal is not the path being measured)."""
+    receipts = receipt if isinstance(receipt, list) else [receipt]
+    for r in receipts:
+        if r.error is not None or r.status == "rejected":
+            raise RuntimeError(f"send to {r.to} refused: {r.error!r}")
+
+
+# --- send(): sequential and batched -----------------------------------------------------------
+
+
+def bus_send_seq(ctx: Ctx) -> Metrics:
+    """One sync agent, one ``send()`` at a time, to one recipient."""
+    n = ctx.size(2_000, 10_000)
+    with opened(ctx) as bus:
+        ch = bus.channel(ctx.name("send"), **LIMITS)
+        alice = ch.join("alice")
+        ch.join("bob")
+        for _ in range(WARMUP):
+            check(alice.send("bob", body(), subject=SUBJECT))
+        lat: list[int] = []
+        start = time.perf_counter()
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            r = alice.send("bob", body(), subject=SUBJECT)
+            lat.append(time.perf_counter_ns() - t0)
+            check(r)
+        elapsed = time.perf_counter() - start
+        trips = RoundTrips()
+        with trips.counting():
+            check(alice.send("bob", body(), subject=SUBJECT))
+    return {"msgs_per_s": n / elapsed, "round_trips": float(trips.count), **latency_metrics(lat)}
+
+
+def _send_many(agent: Any) -> Any:
+    fn = getattr(agent, "send_many", None)
+    if fn is None:
+        raise Unavailable("Agent.send_many does not exist (no batched send in the core)")
+    return fn
+
+
+def bus_send_many(ctx: Ctx, batch: int = 100) -> Metrics:
+    """One sync agent, ``send_many`` of ``batch`` messages per call."""
+    n = ctx.size(5_000, 50_000)
+    with opened(ctx) as bus:
+        ch = bus.channel(ctx.name("batch"), **LIMITS)
+        alice = ch.join("alice")
+        ch.join("bob")
+        send_many = _send_many(alice)
+        check(send_many([("bob", body())]))
+        start = time.perf_counter()
+        for _ in range(n // batch):
+            check(send_many([("bob", body()) for _ in range(batch)]))
+        elapsed = time.perf_counter() - start
+        trips = RoundTrips()
+        with trips.counting():
+            check(send_many([("bob", body()) for _ in range(batch)]))
+    return {"msgs_per_s": (n // batch) * batch / elapsed, "round_trips": float(trips.count)}
+
+
+# --- wake-up latency: send() in another process -> wait() -----------------------------------
+
+
+def _bus_sender(url: str, channel: str, n: int, rate: float, ready: Event, go: Event) -> None:
+    from redisbus import Bus
+
+    bus = Bus.from_url(url)
+    try:
+        sender = bus.channel(channel, **LIMITS).join("sender")
+        ready.set()
+        go.wait(30)
+        for deadline in paced(rate, n):
+            sleep_until(deadline)
+            check(sender.send("receiver", body(), subject=SUBJECT))
+    finally:
+        bus.close()
+
+
+def bus_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
+    """Sender process paces ``send()`` at ``rate``/s; this process loops ``wait()`` +
+    ``mark_done()``. Latency = wall clock when ``wait()`` returned - stamp in the body."""
+    n = wakeup_count(ctx)
+    name = ctx.name("wake")
+    with opened(ctx) as bus:
+        receiver = bus.channel(name, **LIMITS).join("receiver")
+        spawn = mp.get_context("spawn")
+        ready, go = spawn.Event(), spawn.Event()
+        proc = spawn.Process(target=_bus_sender, args=(ctx.url, name, n, rate, ready, go))
+        proc.start()
+        lat: list[int] = []
+        try:
+            if not ready.wait(30):
+                raise RuntimeError("sender process did not start")
+            go.set()
+            deadline = time.monotonic() + n / rate + 30
+            while len(lat) < n and time.monotonic() < deadline:
+                w = receiver.wait(timeout=1)
+                now = time.time_ns()
+                for m in w.messages:
+                    lat.append(now - body_ts(m.body))
+                for m in w.messages:
+                    receiver.mark_done(m.id)
+        finally:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    if proc.exitcode not in (0, None):
+        raise RuntimeError(f"sender process exited with {proc.exitcode}")
+    samples = lat[min(50, len(lat) // 10) :]
+    return {"received": float(len(lat)), **latency_metrics(samples)}
+
+
+# --- async -------------------------------------------------------------------------------------
+
+
+def bus_async_send_seq(ctx: Ctx) -> Metrics:
+    """``AsyncBus``: one agent, one awaited ``send()`` at a time."""
+    n = ctx.size(1_000, 5_000)
+
+    async def run() -> float:
+        bus = await _abus(ctx)
+        try:
+            ch = await maybe_await(bus.channel(ctx.name("asend"), **LIMITS))
+            alice = await ch.join("alice")
+            await ch.join("bob")
+            for _ in range(WARMUP):
+                check(await alice.send("bob", body(), subject=SUBJECT))
+            start = time.perf_counter()
+            for _ in range(n):
+                check(await alice.send("bob", body(), subject=SUBJECT))
+            return n / (time.perf_counter() - start)
+        finally:
+            await bus.aclose()
+
+    return {"msgs_per_s": asyncio.run(run())}
+
+
+def bus_async_many_agents(ctx: Ctx, agents: int = 100) -> Metrics:
+    """``AsyncBus``: ``agents`` agents in one process, each sending to the next, concurrently."""
+    per_agent = ctx.size(20, 100)
+
+    async def run() -> float:
+        bus = await _abus(ctx)
+        try:
+            ch = await maybe_await(bus.channel(ctx.name("a100"), **LIMITS))
+            members = [await ch.join(f"agent-{i}") for i in range(agents)]
+            names = [f"agent-{(i + 1) % agents}" for i in range(agents)]
+
+            async def worker(i: int) -> None:
+                for _ in range(per_agent):
+                    check(await members[i].send(names[i], body(), subject=SUBJECT))
+
+            await asyncio.gather(*(m.send(names[i], body()) for i, m in enumerate(members)))
+            start = time.perf_counter()
+            await asyncio.gather(*(worker(i) for i in range(agents)))
+            return agents * per_agent / (time.perf_counter() - start)
+        finally:
+            await bus.aclose()
+
+    return {"msgs_per_s": asyncio.run(run())}
+
+
+def bus_async_pubsub(ctx: Ctx) -> Metrics:
+    """``AsyncBus`` publish -> consume in one event loop: the FastStream pub/sub work
+    (see :func:`bench.common.pubsub_phases`). The consumer loops ``wait()`` + ``mark_done()``."""
+    n, n_paced = ctx.size(1_000, 5_000), ctx.size(250, 1_000)
+
+    async def run() -> Metrics:
+        bus = await _abus(ctx)
+        try:
+            ch = await maybe_await(bus.channel(ctx.name("apubsub"), **LIMITS))
+            sender = await ch.join("sender")
+            receiver = await ch.join("receiver")
+            sink = Sink()
+
+            async def consume() -> None:
+                while True:
+                    w = await receiver.wait(timeout=1)
+                    now = time.time_ns()
+                    for m in w.messages:
+                        sink.add(m.body, now)
+                    for m in w.messages:
+                        await receiver.mark_done(m.id)
+
+            async def publish() -> None:
+                check(await sender.send("receiver", body(), subject=SUBJECT))
+
+            consumer = asyncio.create_task(consume())
+            try:
+                return await pubsub_phases(publish, sink, n, n_paced)
+            finally:
+                consumer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await consumer
+        finally:
+            await bus.aclose()
+
+    return asyncio.run(run())
+
+
+# --- broadcast and a large channel ------------------------------------------------------------
+
+
+def bus_broadcast(ctx: Ctx, recipients: int = 100) -> Metrics:
+    """``send("all", ...)`` from one agent to ``recipients`` others: latency per call."""
+    n = ctx.size(100, 500)
+    with opened(ctx) as bus:
+        ch = bus.channel(ctx.name("bcast"), **LIMITS)
+        sender = ch.join("sender")
+        for i in range(recipients):
+            ch.join(f"agent-{i}")
+        for _ in range(20):
+            check(sender.send("all", body(), subject=SUBJECT))
+        lat: list[int] = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            rs = sender.send("all", body(), subject=SUBJECT)
+            lat.append(time.perf_counter_ns() - t0)
+            check(rs)
+        if len(rs) != recipients:
+            raise RuntimeError(f"broadcast reached {len(rs)} of {recipients}")
+        trips = RoundTrips()
+        with trips.counting():
+            check(sender.send("all", body(), subject=SUBJECT))
+    return {"round_trips": float(trips.count), **latency_metrics(lat)}
+
+
+def bus_fleet(ctx: Ctx, agents: int = 1_000) -> Metrics:
+    """A channel of ``agents`` members: join, roster, tree, broadcast, then every member reads."""
+    readers = ctx.size(100, agents - 1)
+    client = ctx.client()
+    with opened(ctx) as bus:
+        ch = bus.channel(ctx.name("fleet"), **LIMITS)
+        t0 = time.perf_counter()
+        members = [ch.join(f"agent-{i}") for i in range(agents)]
+        join_s = time.perf_counter() - t0
+
+        roster_s = _best_of(3, lambda: members[0].agents())
+        tree_s = _best_of(3, ch.tree)
+        size = len(ch.tree())
+
+        t0 = time.perf_counter()
+        rs = members[0].send("all", body(), subject="fleet")
+        broadcast_s = time.perf_counter() - t0
+        check(rs)
+        msg_id = rs[0].id
+
+        trips = RoundTrips()
+        calls0 = command_calls(client)
+        got = 0
+        t0 = time.perf_counter()
+        with trips.counting():
+            for m in members[1 : readers + 1]:
+                got += any(msg.id == msg_id for msg in m.read())
+        read_s = time.perf_counter() - t0
+        calls = command_calls(client) - calls0 - 1  # minus the INFO call itself
+    client.close()
+    return {
+        "agents": float(size),
+        "join_ms_per_agent": join_s * 1000 / agents,
+        "join_s": join_s,
+        "roster_ms": roster_s * 1000,
+        "tree_ms": tree_s * 1000,
+        "broadcast_ms": broadcast_s * 1000,
+        "broadcast_receipts": float(len(rs)),
+        "read_us": read_s * 1e6 / readers,
+        "read_round_trips": trips.count / readers,
+        "read_commands": calls / readers,
+        "delivered_frac": got / readers,
+    }
+
+
+def _best_of(k: int, fn: Any) -> float:
+    best = float("inf")
+    for _ in range(k):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# --- memory: N messages sent and done, before and after trimming -----------------------------
+
+
+def _trim(bus: Any, ch: Any) -> str:
+    """Run whatever trimming the core exposes; return its name."""
+    for owner, attr in ((ch, "trim"), (bus, "trim"), (ch, "janitor"), (bus, "janitor")):
+        fn = getattr(owner, attr, None)
+        if callable(fn):
+            fn()
+            return f"{type(owner).__name__}.{attr}()"
+    raise Unavailable("no public trim/janitor call on Channel or Bus")
+
+
+def _drain(receiver: Any, expected: int) -> int:
+    done = 0
+    idle = 0
+    while done < expected and idle < 3:
+        w = receiver.wait(timeout=1)
+        if not w.messages:
+            idle += 1
+            continue
+        idle = 0
+        ids: Sequence[str] = [m.id for m in w.messages]
+        mark_many = getattr(receiver, "mark_done_many", None)
+        if mark_many is not None:
+            mark_many(ids)
+        else:
+            for i in ids:
+                receiver.mark_done(i)
+        done += len(ids)
+    return done
+
+
+def bus_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
+    """N messages sent (batched when the core can) and marked done; ``used_memory`` before,
+    after sending, after done, and after the core's trimming."""
+    n = ctx.memory_messages
+    client = ctx.client()
+    with opened(ctx) as bus:
+        ch = bus.channel(ctx.name("mem"), **LIMITS)
+        sender = ch.join("sender")
+        receiver = ch.join("receiver")
+        before = used_memory(client)
+        send_many = getattr(sender, "send_many", None)
+        for start in range(0, n, batch):
+            k = min(batch, n - start)
+            if send_many is not None:
+                check(send_many([("receiver", body()) for _ in range(k)]))
+            else:
+                for _ in range(k):
+                    check(sender.send("receiver", body()))
+        sent = used_memory(client)
+        done = _drain(receiver, n)
+        if done != n:
+            raise RuntimeError(f"only {done} of {n} messages came back to be marked done")
+        after_done = used_memory(client)
+        _trim(bus, ch)
+        trimmed = used_memory(client)
+    client.close()
+    return memory_metrics(n, before, sent, after_done, trimmed)

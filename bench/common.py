@@ -1,0 +1,186 @@
+"""Shared helpers of the benchmark suite: the run context, payloads and statistics."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import redis
+import redis.connection
+
+Mode = Literal["quick", "default", "full"]
+Metrics = dict[str, float]
+
+T = TypeVar("T")
+
+#: Bytes of filler in every benchmark message body (after the timestamp).
+BODY_PAD = "x" * 96
+
+
+@dataclass
+class Ctx:
+    """What every measurement gets: where Redis is, how big to go, and unique names."""
+
+    url: str
+    mode: Mode
+    run_id: str
+    own_server: bool
+    memory_messages: int
+    _seq: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+    def size(self, quick: int, default: int, full: int | None = None) -> int:
+        """Pick a workload size for the current mode."""
+        if self.mode == "quick":
+            return quick
+        if self.mode == "full" and full is not None:
+            return full
+        return default
+
+    def name(self, tag: str) -> str:
+        """A stream/channel name unique to this run (all start with ``bench-<run_id>``)."""
+        return f"{self.prefix}-{tag}-{next(self._seq)}"
+
+    @property
+    def prefix(self) -> str:
+        return f"bench-{self.run_id}"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+
+def body(ts_ns: int | None = None) -> str:
+    """A message body: a wall-clock timestamp (ns) then filler."""
+    return f"{time.time_ns() if ts_ns is None else ts_ns} {BODY_PAD}"
+
+
+def body_ts(text: str | bytes) -> int:
+    """The timestamp a :func:`body` starts with."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    return int(text.split(" ", 1)[0])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of unsorted values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def latency_metrics(samples_ns: Sequence[int], prefix: str = "") -> Metrics:
+    """p50/p99/mean in microseconds of nanosecond samples."""
+    us = [s / 1000 for s in samples_ns]
+    return {
+        f"{prefix}p50_us": percentile(us, 50),
+        f"{prefix}p99_us": percentile(us, 99),
+        f"{prefix}mean_us": statistics.fmean(us) if us else math.nan,
+    }
+
+
+def median(values: Iterable[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def used_memory(client: redis.Redis) -> int:
+    info: dict[str, Any] = client.info("memory")
+    return int(info["used_memory"])
+
+
+def command_calls(client: redis.Redis) -> int:
+    """Total commands the server has executed (sum of INFO commandstats calls)."""
+    stats: dict[str, Any] = client.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values() if isinstance(v, dict))
+
+
+async def maybe_await(value: T | Awaitable[T]) -> T:
+    """Await ``value`` when it is awaitable (async APIs that may be sync or async)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class RoundTrips:
+    """Counts writes to Redis sockets (one per command or per pipeline) of sync clients."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @contextmanager
+    def counting(self) -> Iterator[RoundTrips]:
+        cls = redis.connection.AbstractConnection
+        original: Callable[..., None] = cls.send_packed_command
+
+        def counted(conn: Any, command: Any, check_health: bool = True) -> None:
+            self.count += 1
+            original(conn, command, check_health)
+
+        cls.send_packed_command = counted  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            cls.send_packed_command = original  # type: ignore[method-assign]
+
+
+# --- publish -> consume in one event loop (FastStream and AsyncBus alike) ---------------------
+
+#: Rate of the paced phase that measures pub/sub latency without a backlog.
+PACED_RATE = 500.0
+
+
+class Sink:
+    """What a consumer records: latency of each message from the stamp in its body."""
+
+    def __init__(self) -> None:
+        self.lat: list[int] = []
+        self.expect = 0
+        self.event = asyncio.Event()
+
+    def arm(self, expect: int) -> None:
+        self.lat = []
+        self.expect = expect
+        self.event.clear()
+
+    def add(self, text: str | bytes, now: int | None = None) -> None:
+        self.lat.append((time.time_ns() if now is None else now) - body_ts(text))
+        if len(self.lat) >= self.expect:
+            self.event.set()
+
+
+async def pubsub_phases(
+    publish: Callable[[], Awaitable[object]], sink: Sink, n: int, n_paced: int
+) -> Metrics:
+    """Throughput: ``n`` publishes back to back until all are consumed. Latency: ``n_paced``
+    publishes paced at :data:`PACED_RATE` (so no backlog inflates it)."""
+    sink.arm(n)
+    start = time.perf_counter()
+    for _ in range(n):
+        await publish()
+    published = time.perf_counter()
+    await asyncio.wait_for(sink.event.wait(), timeout=120)
+    end = time.perf_counter()
+
+    sink.arm(n_paced)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for i in range(n_paced):
+        delay = t0 + i / PACED_RATE - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await publish()
+    await asyncio.wait_for(sink.event.wait(), timeout=60)
+    return {
+        "msgs_per_s": n / (end - start),
+        "publish_per_s": n / (published - start),
+        **latency_metrics(sink.lat),
+    }

@@ -1,0 +1,146 @@
+"""The figures of SPEC §10: each redisbus case beside its baseline, and its targets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench import baselines as b
+from bench import cases as c
+from bench.common import Ctx, Metrics
+from bench.report import Metric, Target
+
+Measure = Callable[[Ctx], Metrics]
+
+THROUGHPUT = Metric("msgs_per_s", "throughput", "msg/s")
+P50 = Metric("p50_us", "p50", "µs", higher_is_better=False)
+P99 = Metric("p99_us", "p99", "µs", higher_is_better=False)
+P50_PACED = Metric("p50_us", "latency p50 at 500 msg/s", "µs", higher_is_better=False)
+P99_PACED = Metric("p99_us", "latency p99 at 500 msg/s", "µs", higher_is_better=False)
+TRIPS = Metric("round_trips", "round trips per call", "", higher_is_better=False)
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    title: str
+    subject: Measure
+    metrics: tuple[Metric, ...]
+    baseline: tuple[str, Measure] | None = None
+    targets: tuple[Target, ...] = ()
+    refs: tuple[tuple[str, Measure], ...] = ()
+    #: The baseline is itself a redisbus case (so it needs the core too).
+    baseline_is_bus: bool = False
+    #: Cap on rounds (slow figures).
+    max_rounds: int | None = None
+    note: str = ""
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "send",
+        "send(), sequential, one client",
+        c.bus_send_seq,
+        (THROUGHPUT, P50, TRIPS),
+        baseline=("raw XADD", b.raw_xadd_seq),
+        targets=(Target("msgs_per_s", "ratio_min", 0.8, "≥ 0.8x raw"),),
+    ),
+    Figure(
+        "batch",
+        "batched send (send_many, 100 per call)",
+        c.bus_send_many,
+        (THROUGHPUT, TRIPS),
+        baseline=("raw XADD, pipeline of 100", b.raw_xadd_pipelined),
+        targets=(Target("msgs_per_s", "ratio_min", 0.7, "≥ 0.7x raw"),),
+    ),
+    Figure(
+        "wakeup",
+        "send → wait() wake-up at 1k msg/s (sender in another process)",
+        c.bus_wait_wakeup,
+        (P50, P99),
+        baseline=("raw XREADGROUP BLOCK", b.raw_xreadgroup_wakeup),
+        targets=(
+            Target("p50_us", "ratio_max", 1.5, "≤ 1.5x raw"),
+            Target("p99_us", "max", 2000, "≤ 2,000 µs"),
+        ),
+    ),
+    Figure(
+        "async",
+        "AsyncBus send(), sequential, one agent",
+        c.bus_async_send_seq,
+        (THROUGHPUT,),
+        baseline=("redis.asyncio XADD", b.raw_async_xadd_seq),
+    ),
+    Figure(
+        "async100",
+        "AsyncBus: 100 agents in one process, aggregate",
+        c.bus_async_many_agents,
+        (THROUGHPUT,),
+        baseline=("sync send(), one client", c.bus_send_seq),
+        baseline_is_bus=True,
+        targets=(Target("msgs_per_s", "ratio_min", 3.0, "≥ 3x one sync client"),),
+        refs=(("redis.asyncio XADD, 100 tasks", b.raw_async_xadd_concurrent),),
+    ),
+    Figure(
+        "broadcast",
+        "broadcast to 100 agents",
+        c.bus_broadcast,
+        (P50, P99, TRIPS),
+        baseline=("raw XADD naming 100", b.raw_xadd_fanout),
+        targets=(
+            Target("p50_us", "max", 2000, "≤ 2,000 µs"),
+            Target("round_trips", "max", 1, "one round trip"),
+        ),
+    ),
+    Figure(
+        "fleet",
+        "1,000 agents on one channel",
+        c.bus_fleet,
+        (
+            Metric("join_ms_per_agent", "join, per agent", "ms", False),
+            Metric("roster_ms", "roster (agents())", "ms", False),
+            Metric("tree_ms", "tree()", "ms", False),
+            Metric("broadcast_ms", "broadcast to 999", "ms", False),
+            Metric("read_us", "read(), per agent", "µs", False),
+            Metric("read_round_trips", "read() round trips", "", False),
+            Metric("read_commands", "read() server commands", "", False),
+            Metric("delivered_frac", "readers that got the broadcast", ""),
+        ),
+        targets=(Target("delivered_frac", "min", 1.0, "all"),),
+        max_rounds=3,
+    ),
+    Figure(
+        "memory",
+        "messages sent and done, Redis used_memory",
+        c.bus_memory,
+        (
+            Metric("messages", "messages", ""),
+            Metric("bytes_per_msg", "growth per message", "B", False),
+            Metric("sent_mib", "after send", "MiB", False),
+            Metric("done_mib", "after done", "MiB", False),
+            Metric("trimmed_mib", "after trimming", "MiB", False),
+            Metric("residual_pct", "left after trimming, % of growth", "%", False),
+        ),
+        baseline=("raw XADD + XACK + XTRIM", b.raw_memory),
+        targets=(Target("residual_pct", "max", 5.0, "≤ 5% (flat)"),),
+        max_rounds=1,
+    ),
+    Figure(
+        "faststream_pub",
+        "publish, one at a time (async) vs FastStream",
+        c.bus_async_send_seq,
+        (THROUGHPUT,),
+        baseline=("FastStream publish", b.faststream_publish),
+        targets=(Target("msgs_per_s", "ratio_min", 1.0, "faster (> 1x)"),),
+    ),
+    Figure(
+        "faststream_pubsub",
+        "publish → consume, one loop, vs FastStream group subscriber",
+        c.bus_async_pubsub,
+        (THROUGHPUT, P50_PACED, P99_PACED),
+        baseline=("FastStream publish → subscriber", b.faststream_pubsub),
+        targets=(Target("msgs_per_s", "ratio_min", 1.0, "faster (> 1x)"),),
+    ),
+)
+
+BY_NAME = {f.name: f for f in FIGURES}

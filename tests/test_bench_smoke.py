@@ -1,0 +1,71 @@
+"""Smoke test of the benchmark suite: it runs, exits 0 and writes the documented JSON.
+
+Timing numbers are not asserted: benchmarks are not timed tests (SPEC §10).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(300)
+def test_bench_quick_send_writes_results(tmp_path: Path) -> None:
+    out_json = tmp_path / "results.json"
+    out_md = tmp_path / "RESULTS.md"
+    env = {k: v for k, v in os.environ.items() if k != "REDISBUS_BENCH_URL"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--rounds",
+            "1",
+            "--only",
+            "send",
+            "--json",
+            str(out_json),
+            "--md",
+            str(out_md),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    doc = json.loads(out_json.read_text())
+    assert {"schema", "generated_at", "config", "machine", "figures"} <= doc.keys()
+    assert {"cpu", "cores", "python", "redis_server", "redis_py", "hiredis"} <= doc[
+        "machine"
+    ].keys()
+    assert doc["config"]["mode"] == "quick"
+    assert [f["name"] for f in doc["figures"]] == ["send"]
+
+    fig = doc["figures"][0]
+    assert {"title", "status", "baseline", "subject", "ratios", "targets", "notes"} <= fig.keys()
+    assert fig["status"] in {"met", "not met", "unavailable", "info"}
+    baseline = fig["baseline"]
+    assert baseline["error"] is None
+    assert len(baseline["runs"]) == 1
+    assert {"msgs_per_s", "p50_us", "p99_us"} <= baseline["median"].keys()
+    if fig["status"] != "unavailable":
+        assert fig["subject"]["error"] is None
+        assert {"msgs_per_s", "p50_us", "p99_us"} <= fig["subject"]["median"].keys()
+        assert [t["metric"] for t in fig["targets"]] == ["msgs_per_s"]
+        assert fig["targets"][0]["met"] in (True, False)
+
+    md = out_md.read_text()
+    assert md.startswith("# Benchmark results")
+    assert "| figure |" in md
+    assert str(tmp_path) not in md  # no machine paths in the pasteable table
