@@ -1,0 +1,43 @@
+# redisbus — every workflow goes through here. `make` alone lists the targets.
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test test-fast bench lint typecheck format all clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or make PY=python3)"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS_URL is set)
+	$(BIN)/redisbus demo
+
+test: $(STAMP)  ## run the whole test suite against real Redis servers the fixtures start
+	$(BIN)/python -m tests.run
+
+bench: $(STAMP)  ## benchmarks beside their baselines; writes bench/results.json
+	$(BIN)/python -m bench
+
+lint: $(STAMP)  ## ruff check + format check
+	$(BIN)/ruff check redisbus tests bench
+	$(BIN)/ruff format --check redisbus tests bench
+
+typecheck: $(STAMP)  ## mypy --strict on the package
+	$(BIN)/mypy
+
+format: $(STAMP)  ## apply ruff formatting
+	$(BIN)/ruff format redisbus tests bench
+	$(BIN)/ruff check --fix redisbus tests bench
+
+all: lint typecheck test  ## lint, types, tests
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,450 @@
+"""Everything the sync and async faces share that does no I/O: the arguments each script takes,
+and the parsing of what it returns. A face only decides *how* to wait on the network.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from . import _validate as check
+from ._errors import (
+    ChannelMismatch,
+    InvalidInput,
+    RedisbusError,
+    UnknownAgent,
+    error_from_code,
+)
+from ._filters import Filter, later_id, parse_filter, parse_since
+from ._keys import ChannelKeys
+from ._model import (
+    MESSAGE_TYPES,
+    Member,
+    Message,
+    Receipt,
+    Relationship,
+    Roster,
+    Status,
+    WaitKind,
+    id_ms,
+    ms_to_dt,
+)
+from ._settings import BusSettings
+
+Routing = Literal["open", "family"]
+
+# Channel limits stored in Redis, with the BusSettings field each defaults from.
+LIMITS: tuple[str, ...] = (
+    "inbox_cap",
+    "max_body_bytes",
+    "max_name_chars",
+    "pair_rate_burst",
+    "pair_rate_per_s",
+    "sender_rate_burst",
+    "sender_rate_per_s",
+    "max_chain_depth",
+    "max_depth",
+    "max_members",
+    "max_messages",
+    "retention_s",
+    "lease_s",
+    "max_deliveries",
+)
+_INT_LIMITS = frozenset(
+    {"inbox_cap", "max_body_bytes", "max_name_chars", "max_chain_depth", "max_depth",
+     "max_members", "max_messages", "max_deliveries"}
+)
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """A channel's configuration as stored in Redis (every host enforces the same numbers)."""
+
+    name: str
+    routing: Routing
+    siblings: bool
+    paused: bool
+    limits: Mapping[str, float]
+    created_ms: int
+
+    def __getattr__(self, item: str) -> float:
+        try:
+            return self.limits[item]
+        except KeyError:
+            raise AttributeError(item) from None
+
+
+def plan_channel(
+    settings: BusSettings, routing: object, siblings: object, overrides: Mapping[str, object]
+) -> list[str]:
+    """ARGV for channel.lua: (field, value, explicit) triples."""
+    unknown = set(overrides) - set(LIMITS)
+    if unknown:
+        raise InvalidInput(f"unknown channel limit(s): {', '.join(sorted(unknown))}")
+    if routing is not None and routing not in ("open", "family"):
+        raise InvalidInput(f"routing must be 'open' or 'family', got {routing!r}")
+    if siblings is not None and not isinstance(siblings, bool):
+        raise InvalidInput("siblings must be True or False")
+    argv: list[str] = [
+        "routing", str(routing or "open"), "1" if routing is not None else "0",
+        "siblings", "1" if siblings else ("0" if siblings is not None else
+                                          ("1" if (routing or "open") == "open" else "0")),
+        "1" if siblings is not None else "0",
+    ]
+    for field in LIMITS:
+        if field in overrides and overrides[field] is not None:
+            value = overrides[field]
+            if field in _INT_LIMITS:
+                v: float = check.integer(value, field, 0, 2**31)
+            else:
+                v = check.positive_number(value, field)
+            explicit = "1"
+        else:
+            v = float(getattr(settings, field))
+            explicit = "0"
+        argv += [field, _fmt(v), explicit]
+    return argv
+
+
+def parse_channel(name: str, reply: Sequence[Any]) -> tuple[bool, ChannelConfig]:
+    if int(reply[0]) == 0:
+        _, field, stored, wanted = reply
+        raise ChannelMismatch(
+            f"channel {name!r} exists with {field}={stored}; you passed {wanted} "
+            f"(attach without it, or reconfigure with ch.configure({field}=...))"
+        )
+    created = int(reply[1]) == 1
+    flat = list(reply[2:])
+    return created, config_from_hash(name, dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def config_from_hash(name: str, h: Mapping[str, str]) -> ChannelConfig:
+    if not h:
+        raise UnknownAgent(f"no such channel: {name!r}")
+    limits = {f: float(h[f]) for f in LIMITS if f in h}
+    return ChannelConfig(
+        name=name,
+        routing="family" if h.get("routing") == "family" else "open",
+        siblings=h.get("siblings") == "1",
+        paused=h.get("paused") == "1",
+        limits=limits,
+        created_ms=int(h.get("created_ms", "0")),
+    )
+
+
+def new_agent_id() -> str:
+    return "ag-" + secrets.token_hex(6)
+
+
+def refusal(code: str, message: str, limit: str, current: str, retry_ms: str) -> RedisbusError:
+    return error_from_code(
+        code,
+        message,
+        limit=float(limit) if limit else None,
+        current=float(current) if current else None,
+        retry_after_s=float(retry_ms) / 1000 if retry_ms else None,
+    )
+
+
+def raise_if_refused(reply: Sequence[Any]) -> None:
+    """join.lua / status.lua style replies: {0, code, message} is a refusal."""
+    if int(reply[0]) == 0:
+        raise error_from_code(str(reply[1]), str(reply[2]))
+
+
+# -- messages -----------------------------------------------------------------------------------
+
+_FIELD_NAMES = frozenset("ftbskprdxicgna")
+
+
+def message_from_fields(
+    channel: str, entry_id: str, f: Mapping[str, str], *, read: bool, deliveries: int = 1
+) -> Message:
+    ttl = f.get("x")
+    reply_to = f.get("r")
+    return Message(
+        id=entry_id,
+        channel=channel,
+        sender=f.get("f", ""),
+        to=tuple(f.get("t", "").split("\n")) if f.get("t") else (),
+        subject=f.get("s", ""),
+        body=f.get("b", ""),
+        type=f.get("k", "message"),
+        priority=int(f.get("p", "0")) if f.get("p", "0").isdigit() else 0,
+        reply_to=reply_to or None,
+        depth=int(f.get("d", "0")) if f.get("d", "0").isdigit() else 0,
+        created_at=ms_to_dt(id_ms(entry_id)),  # type: ignore[arg-type]
+        ttl_s=float(ttl) if ttl else None,
+        read=read,
+        idempotency_key=f.get("i") or None,
+        trace=f.get("c") or None,
+        deliveries=deliveries,
+    )
+
+
+def fields_from_flat(flat: Sequence[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=False))
+
+
+def addressed_to(f: Mapping[str, str], agent: str) -> bool:
+    return agent in f.get("t", "").split("\n")
+
+
+def expired_at(entry_id: str, f: Mapping[str, str], now_ms: int) -> bool:
+    ttl = f.get("x")
+    return bool(ttl) and id_ms(entry_id) + float(ttl) * 1000 < now_ms  # type: ignore[arg-type]
+
+
+def wait_kind(agent: str, messages: Sequence[Message]) -> WaitKind:
+    if any(m.type == "control" and m.subject == "cancel" for m in messages):
+        return "cancelled"
+    if messages and all(m.type == "outcome" for m in messages):
+        return "outcome"
+    return "message"
+
+
+# -- send ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendPlan:
+    mode: str
+    names: list[str]
+    argv: list[str]
+
+
+def plan_send(
+    sender: str,
+    to: object,
+    body: object,
+    *,
+    subject: object = "",
+    type: object = "message",
+    priority: object = 0,
+    reply_to: object = None,
+    ttl_s: object = None,
+    idempotency_key: object = None,
+    trace: object = None,
+    signature: tuple[str, str] = ("", ""),
+) -> SendPlan:
+    mode, names = check.recipients(to)
+    text_body = check.body(body)
+    subj = check.text(subject, "subject")
+    if not isinstance(type, str) or type not in MESSAGE_TYPES:
+        raise InvalidInput(f"type must be one of {sorted(MESSAGE_TYPES)}, got {type!r}")
+    prio = check.integer(priority, "priority", 0, 2)
+    rt = ""
+    if reply_to is not None:
+        from ._filters import check_entry_id
+
+        rt = check_entry_id(reply_to, "reply_to")
+    ttl = ""
+    if ttl_s is not None:
+        ttl = _fmt(check.positive_number(ttl_s, "ttl_s", allow_zero=False))
+    ikey = "" if idempotency_key is None else check.name(idempotency_key, "idempotency_key", 256)
+    tr = "" if trace is None else check.text(trace, "trace", 1024)
+    return SendPlan(
+        mode,
+        names,
+        [sender, mode, "\n".join(names), subj, text_body, type, str(prio), rt, ttl, ikey, tr,
+         signature[0], signature[1]],
+    )
+
+
+def parse_send(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt]:
+    """Raise for a refused send; otherwise the receipt (one recipient) or receipts."""
+    kind = int(reply[0])
+    if kind == 0:
+        _, code, message, limit, current, retry_ms = reply
+        raise refusal(str(code), str(message), str(limit), str(current), str(retry_ms))
+    entry_id = reply[1] or None
+    accepted = list(reply[2])
+    queued = ms_to_dt(id_ms(entry_id)) if entry_id else None
+    receipts = [Receipt(id=entry_id, to=n, status="queued", queued_at=queued) for n in accepted]
+    if kind == 1:
+        flat = list(reply[3])
+        for i in range(0, len(flat), 6):
+            name, code, message, limit, current, retry_ms = flat[i : i + 6]
+            receipts.append(
+                Receipt(
+                    id=None,
+                    to=str(name),
+                    status="rejected",
+                    error=refusal(str(code), str(message), str(limit), str(current), str(retry_ms)),
+                )
+            )
+    if plan.mode == "one":
+        return receipts[0]
+    if plan.mode == "many":
+        order = {n: i for i, n in enumerate(plan.names)}
+        receipts.sort(key=lambda r: order.get(r.to, len(order)))
+    return receipts
+
+
+# -- receipts -----------------------------------------------------------------------------------
+
+
+def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
+    now = int(reply[0])
+    if len(reply) == 1:
+        raise InvalidInput(f"no message {entry_id} on this channel (never sent, or trimmed)")
+    ttl = float(reply[1]) if reply[1] else None
+    queued = ms_to_dt(id_ms(entry_id))
+    out = []
+    for name, passed, idle, mark in reply[2:]:
+        status: Status
+        delivered = read = done = None
+        result = None
+        idle = int(idle)
+        mark = str(mark)
+        if mark.startswith("D"):
+            parts = mark[1:].split(":", 3)
+            status = "done"
+            done = ms_to_dt(int(parts[0]))
+            read = ms_to_dt(int(parts[1])) if len(parts) > 1 and parts[1] else None
+            delivered = ms_to_dt(int(parts[2])) if len(parts) > 2 and parts[2] else None
+            result = parts[3] if len(parts) > 3 and parts[3] else None
+        elif mark.startswith("F"):
+            status, done = "failed", ms_to_dt(int(mark[1:]))
+        elif mark.startswith("X"):
+            status = "expired"
+        elif idle >= 0:
+            delivered = ms_to_dt(now - idle)
+            if mark.startswith("R"):
+                status, read = "read", ms_to_dt(int(mark[1:]))
+            else:
+                status = "delivered"
+        elif int(passed):
+            status = "done"
+        elif ttl is not None and id_ms(entry_id) + ttl * 1000 < now:
+            status = "expired"
+        else:
+            status = "queued"
+        out.append(
+            Receipt(
+                id=entry_id, to=str(name), status=status, queued_at=queued,
+                delivered_at=delivered, read_at=read, done_at=done, result=result,
+            )
+        )
+    return out
+
+
+# -- views (read / list) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    filter: Filter
+    argv: list[str]
+    limit: int
+
+
+def plan_view(
+    agent: str,
+    consumer: str,
+    routing: str,
+    filter_by: object,
+    since: object,
+    limit: object,
+    *,
+    pull: bool,
+    mark: bool,
+) -> ViewPlan:
+    flt = parse_filter(filter_by)
+    lim = check.integer(limit, "limit", 1, 10_000)
+    lower = later_id(parse_since(since), flt.after)
+    to = agent if flt.to == "me" else (flt.to or "")
+    scope = "board" if routing == "open" else "own"
+    argv = [
+        agent, consumer, "1" if pull else "0", "1" if mark else "0", lower or "", str(lim),
+        "1" if flt.unread else "0", flt.sender or "", to, (flt.subject or "").lower(), scope,
+    ]
+    return ViewPlan(flt, argv, lim)
+
+
+def parse_view(
+    channel: str, agent: str, reply: Sequence[Any], *, preview_chars: int | None
+) -> list[Message]:
+    out = []
+    for entry_id, flat, mark in reply[2:]:
+        f = fields_from_flat(flat)
+        msg = message_from_fields(channel, entry_id, f, read=(mark != ""))
+        if preview_chars is not None and len(msg.body) > preview_chars:
+            from dataclasses import replace
+
+            msg = replace(msg, body=msg.body[:preview_chars], truncated=True)
+        out.append(msg)
+    return out
+
+
+# -- roster -------------------------------------------------------------------------------------
+
+
+def members_from_hashes(
+    records: Mapping[str, str], statuses: Mapping[str, str]
+) -> dict[str, Member]:
+    import json
+
+    out = {}
+    for name, raw in records.items():
+        r = json.loads(raw)
+        skills = r.get("skills") or []
+        out[name] = Member(
+            name=name,
+            id=r["id"],
+            parent=r.get("parent") or None,
+            depth=int(r.get("depth", 0)),
+            status=statuses.get(name, "running"),  # type: ignore[arg-type]
+            host=r.get("host", ""),
+            description=r.get("description", ""),
+            skills=tuple(skills) if isinstance(skills, list) else (),
+        )
+    return out
+
+
+def roster_of(me: str, members: Mapping[str, Member], routing: str, siblings: bool) -> Roster:
+    from dataclasses import replace
+
+    if me not in members:
+        raise UnknownAgent(f"{me!r} is not a member of this channel")
+    self_m = members[me]
+    groups: dict[Relationship, list[Member]] = {"parent": [], "sibling": [], "child": [], "member": []}
+    for name, m in members.items():
+        if name == me:
+            continue
+        rel: Relationship
+        if m.parent == me:
+            rel = "child"
+        elif self_m.parent is not None and name == self_m.parent:
+            rel = "parent"
+        elif m.parent == self_m.parent:
+            rel = "sibling"
+        else:
+            rel = "member"
+        reachable = routing == "open" or rel in ("parent", "child") or (rel == "sibling" and siblings)
+        if reachable:
+            groups[rel].append(replace(m, relationship=rel))
+    family: list[Member] = []
+    for rel in ("parent", "sibling", "child", "member"):
+        family += sorted(groups[rel], key=lambda m: m.name)  # type: ignore[index]
+    return Roster(self=self_m, family=family)
+
+
+def tree_order(members: Mapping[str, Member]) -> list[Member]:
+    """Every member, parents before children, siblings by name."""
+    children: dict[str | None, list[Member]] = {}
+    for m in members.values():
+        children.setdefault(m.parent if m.parent in members else None, []).append(m)
+    out: list[Member] = []
+    stack = sorted(children.get(None, []), key=lambda m: m.name, reverse=True)
+    while stack:
+        m = stack.pop()
+        out.append(m)
+        stack += sorted(children.get(m.name, []), key=lambda c: c.name, reverse=True)
+    return out

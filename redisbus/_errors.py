@@ -1,0 +1,166 @@
+"""The one error tree of redisbus.
+
+::
+
+    RedisbusError
+    ├── InvalidInput (also a ValueError)       bad argument, malformed filter or time
+    │   └── ChannelMismatch                    limits differ from the stored channel
+    ├── LimitExceeded (.limit .current .retry_after_s)
+    │   ├── InboxFull                          recipient has too many undone messages
+    │   ├── RateLimited                        per-pair or per-sender token bucket empty
+    │   ├── TooLarge                           body, name or subject over its limit
+    │   ├── ChainTooDeep                       reply of a reply ... past max_chain_depth
+    │   ├── LoopRefused                        an auto_reply answering an auto_reply
+    │   └── BudgetExceeded                     team budget: depth, members or messages
+    ├── RoutingRefused                         recipient outside the sender's reach
+    ├── NotPermitted                           e.g. cancelling an agent that is not your child
+    ├── UnknownAgent                           no such member (or no such channel)
+    ├── AgentClosed                            the agent failed, was cancelled or lost
+    │   └── RecipientClosed                    ... and so cannot receive
+    ├── ChannelPaused                          the channel refuses sends until resumed
+    └── BusConnectionError                     Redis unreachable after retries
+
+Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentClosed",
+    "BudgetExceeded",
+    "BusConnectionError",
+    "ChainTooDeep",
+    "ChannelMismatch",
+    "ChannelPaused",
+    "InboxFull",
+    "InvalidInput",
+    "LimitExceeded",
+    "LoopRefused",
+    "NotPermitted",
+    "RateLimited",
+    "RecipientClosed",
+    "RedisbusError",
+    "RoutingRefused",
+    "TooLarge",
+    "UnknownAgent",
+]
+
+
+class RedisbusError(Exception):
+    """Root of every error redisbus raises. ``code`` is a stable, bounded reason string."""
+
+    code = "error"
+
+
+class InvalidInput(RedisbusError, ValueError):
+    code = "invalid_input"
+
+
+class ChannelMismatch(InvalidInput):
+    code = "channel_mismatch"
+
+
+class LimitExceeded(RedisbusError):
+    """A limit refused the call. ``limit`` is the configured bound, ``current`` the value met."""
+
+    code = "limit"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: float | None = None,
+        current: float | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.current = current
+        self.retry_after_s = retry_after_s
+
+
+class InboxFull(LimitExceeded):
+    code = "inbox_full"
+
+
+class RateLimited(LimitExceeded):
+    code = "rate_limited"
+
+
+class TooLarge(LimitExceeded):
+    code = "too_large"
+
+
+class ChainTooDeep(LimitExceeded):
+    code = "chain_too_deep"
+
+
+class LoopRefused(LimitExceeded):
+    code = "loop"
+
+
+class BudgetExceeded(LimitExceeded):
+    code = "budget"
+
+
+class RoutingRefused(RedisbusError):
+    code = "routing_refused"
+
+
+class NotPermitted(RedisbusError):
+    code = "not_permitted"
+
+
+class UnknownAgent(RedisbusError):
+    code = "unknown_agent"
+
+
+class AgentClosed(RedisbusError):
+    code = "agent_closed"
+
+
+class RecipientClosed(AgentClosed):
+    code = "recipient_closed"
+
+
+class ChannelPaused(RedisbusError):
+    code = "channel_paused"
+
+
+class BusConnectionError(RedisbusError, ConnectionError):
+    code = "connection"
+
+
+_BY_CODE: dict[str, type[RedisbusError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidInput,
+        ChannelMismatch,
+        InboxFull,
+        RateLimited,
+        TooLarge,
+        ChainTooDeep,
+        LoopRefused,
+        BudgetExceeded,
+        RoutingRefused,
+        NotPermitted,
+        UnknownAgent,
+        AgentClosed,
+        RecipientClosed,
+        ChannelPaused,
+    )
+}
+
+
+def error_from_code(
+    code: str,
+    message: str,
+    limit: float | None = None,
+    current: float | None = None,
+    retry_after_s: float | None = None,
+) -> RedisbusError:
+    """Build the typed error a Lua reply code stands for."""
+    cls = _BY_CODE.get(code, RedisbusError)
+    if issubclass(cls, LimitExceeded):
+        return cls(message, limit=limit, current=current, retry_after_s=retry_after_s)
+    return cls(message)

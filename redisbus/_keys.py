@@ -1,0 +1,76 @@
+"""The one place that spells Redis keys. Every key of a channel carries the channel's hash tag.
+
+    {prefix}:{<channel>}:s       the channel stream; one consumer group per agent
+    {prefix}:{<channel>}:meta    hash: routing, limits, pause switch, message count
+    {prefix}:{<channel>}:m       hash: agent name -> JSON member record
+    {prefix}:{<channel>}:par     hash: agent name -> parent name ("" for roots)
+    {prefix}:{<channel>}:st      hash: agent name -> status
+    {prefix}:{<channel>}:ids     hash: agent id -> agent name
+    {prefix}:{<channel>}:inbox   hash: agent name -> undone messages addressed to it
+    {prefix}:{<channel>}:rate    hash: token buckets ("s\\nSENDER", "p\\nSENDER\\nRECIPIENT")
+    {prefix}:{<channel>}:idem    hash: "SENDER\\nKEY" -> "id\\trecipients"
+    {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
+    {prefix}:{<channel>}:dlq     stream of dead letters
+    {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
+    {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelKeys:
+    channel: str
+    stream: str
+    meta: str
+    members: str
+    parents: str
+    status: str
+    ids: str
+    inbox: str
+    rate: str
+    idem: str
+    marks: str
+    dlq: str
+    beat: str
+
+    @classmethod
+    def build(cls, prefix: str, channel: str) -> ChannelKeys:
+        base = f"{prefix}:{{{channel}}}:"
+        return cls(
+            channel=channel,
+            stream=base + "s",
+            meta=base + "meta",
+            members=base + "m",
+            parents=base + "par",
+            status=base + "st",
+            ids=base + "ids",
+            inbox=base + "inbox",
+            rate=base + "rate",
+            idem=base + "idem",
+            marks=base + "marks",
+            dlq=base + "dlq",
+            beat=base + "beat",
+        )
+
+    def all(self) -> list[str]:
+        return [
+            self.stream,
+            self.meta,
+            self.members,
+            self.parents,
+            self.status,
+            self.ids,
+            self.inbox,
+            self.rate,
+            self.idem,
+            self.marks,
+            self.dlq,
+            self.beat,
+        ]
+
+
+def registry_key(prefix: str) -> str:
+    return f"{prefix}:channels"

@@ -1,0 +1,172 @@
+"""The value types every call returns: Message, Receipt, WaitResult, Roster, Member."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from ._errors import RedisbusError
+
+Status = Literal["queued", "delivered", "read", "done", "rejected", "failed", "expired"]
+WaitKind = Literal["message", "outcome", "cancelled", "timeout"]
+AgentStatus = Literal["running", "waiting", "idle", "completed", "failed", "cancelled", "lost"]
+Relationship = Literal["parent", "sibling", "child", "member"]
+
+MESSAGE_TYPES = frozenset(
+    {
+        "message",
+        "request",
+        "response",
+        "status_update",
+        "delegate_task",
+        "request_data",
+        "auto_reply",
+        "outcome",
+        "control",
+    }
+)
+
+
+def ms_to_dt(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def id_ms(entry_id: str) -> int:
+    """The Redis-clock millisecond of a stream entry id."""
+    return int(entry_id.partition("-")[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One attributed envelope. ``read`` is as seen by the agent that fetched it."""
+
+    id: str
+    channel: str
+    sender: str
+    to: tuple[str, ...]
+    subject: str
+    body: str
+    type: str = "message"
+    priority: int = 0
+    reply_to: str | None = None
+    depth: int = 0
+    created_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    ttl_s: float | None = None
+    read: bool = False
+    truncated: bool = False
+    idempotency_key: str | None = None
+    trace: str | None = None
+    verified: bool | None = None
+    deliveries: int = 1
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "channel": self.channel,
+            "from": self.sender,
+            "to": list(self.to),
+            "subject": self.subject,
+            "body": self.body,
+            "type": self.type,
+            "priority": self.priority,
+            "reply_to": self.reply_to,
+            "depth": self.depth,
+            "created_at": self.created_at.isoformat(),
+            "ttl_s": self.ttl_s,
+            "read": self.read,
+            "truncated": self.truncated,
+            "verified": self.verified,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The sender's view of one message to one recipient."""
+
+    id: str | None
+    to: str
+    status: Status
+    error: RedisbusError | None = None
+    queued_at: datetime | None = None
+    delivered_at: datetime | None = None
+    read_at: datetime | None = None
+    done_at: datetime | None = None
+    result: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def as_dict(self) -> dict[str, object]:
+        def iso(d: datetime | None) -> str | None:
+            return d.isoformat() if d else None
+
+        return {
+            "id": self.id,
+            "to": self.to,
+            "status": self.status,
+            "error": None if self.error is None else f"{self.error.code}: {self.error}",
+            "queued_at": iso(self.queued_at),
+            "delivered_at": iso(self.delivered_at),
+            "read_at": iso(self.read_at),
+            "done_at": iso(self.done_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class WaitResult:
+    kind: WaitKind
+    messages: list[Message] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.kind != "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A member of a channel, as ``ch.tree()`` and roster entries report it."""
+
+    name: str
+    id: str
+    parent: str | None
+    depth: int
+    status: AgentStatus
+    host: str = ""
+    description: str = ""
+    skills: tuple[str, ...] = ()
+    relationship: Relationship | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {
+            "name": self.name,
+            "id": self.id,
+            "parent": self.parent,
+            "depth": self.depth,
+            "status": self.status,
+            "host": self.host,
+        }
+        if self.relationship:
+            d["relationship"] = self.relationship
+        if self.description:
+            d["description"] = self.description
+        if self.skills:
+            d["skills"] = list(self.skills)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class Roster:
+    """``agent.agents()``: the agent itself and the members it may reach, in roster order."""
+
+    self: Member
+    family: list[Member]
+
+    def names(self) -> list[str]:
+        return [m.name for m in self.family]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "self": {"name": self.self.name, "id": self.self.id, "depth": self.self.depth},
+            "family": [m.as_dict() for m in self.family],
+        }

