@@ -448,3 +448,17 @@ def tree_order(members: Mapping[str, Member]) -> list[Member]:
         out.append(m)
         stack += sorted(children.get(m.name, []), key=lambda c: c.name, reverse=True)
     return out
+
+
+def rank_cards(query: str, roster: Roster, limit: int) -> list[Member]:
+    """Agent cards ranked for a query: skill matches count double, then description and name."""
+    words = [w for w in query.lower().replace(",", " ").split() if w]
+    scored = []
+    for pos, m in enumerate(roster.family):
+        skills = " ".join(m.skills).lower()
+        text = f"{m.name} {m.description}".lower()
+        score = sum(2 * (w in skills) + (w in text) for w in words)
+        if score or not words:
+            scored.append((-score, pos, m))
+    scored.sort(key=lambda t: (t[0], t[1]))
+    return [m for _, _, m in scored[:limit]]

@@ -146,7 +146,7 @@ class AsyncBus:
         cls, url: str, *, cluster: bool | None = None, settings: BusSettings | None = None,
         metrics: BusMetrics | None = None,
     ) -> AsyncBus:
-        s = settings or BusSettings()
+        s = (settings or BusSettings()).model_copy(update={"url": url})
         if cluster is not None:
             s = s.model_copy(update={"cluster": cluster})
         client, is_cluster = async_client(s, url)
@@ -406,7 +406,7 @@ class AsyncAgent:
                               since, limit, pull=pull, mark=mark)
         k = self._keys
         calls = self._settle_calls() + [("view", [k.stream, k.inbox, k.marks], plan.argv)]
-        reply = await self._bus._io.scripts(calls)[-1]
+        reply = (await self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview)
         if mark:
@@ -493,7 +493,7 @@ class AsyncAgent:
             ("view", [k.stream, k.inbox, k.marks], pull.argv),
             ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids]),
         ]
-        flags = [int(x) for x in await self._bus._io.scripts(calls)[-1]]
+        flags = [int(x) for x in (await self._bus._io.scripts(calls))[-1]]
         self._deferred.clear()
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
@@ -512,6 +512,12 @@ class AsyncAgent:
     async def agents(self) -> Roster:
         cfg = self.channel.config
         return core.roster_of(self.name, await self.channel.members(), cfg.routing, cfg.siblings)
+
+    async def discover(self, query: str = "", limit: int = 20) -> list[Member]:
+        """Reachable members ranked by how well their cards (description, skills) match."""
+        q = check.text(query, "query", 512)
+        lim = check.integer(limit, "limit", 1, 10_000)
+        return core.rank_cards(q, await self.agents(), lim)
 
     async def close(self) -> None:
         await self.flush()

@@ -145,7 +145,7 @@ class Bus:
         cls, url: str, *, cluster: bool | None = None, settings: BusSettings | None = None,
         metrics: BusMetrics | None = None,
     ) -> Bus:
-        s = settings or BusSettings()
+        s = (settings or BusSettings()).model_copy(update={"url": url})
         if cluster is not None:
             s = s.model_copy(update={"cluster": cluster})
         client, is_cluster = sync_client(s, url)
@@ -509,6 +509,12 @@ class Agent:
     def agents(self) -> Roster:
         cfg = self.channel.config
         return core.roster_of(self.name, self.channel.members(), cfg.routing, cfg.siblings)
+
+    def discover(self, query: str = "", limit: int = 20) -> list[Member]:
+        """Reachable members ranked by how well their cards (description, skills) match."""
+        q = check.text(query, "query", 512)
+        lim = check.integer(limit, "limit", 1, 10_000)
+        return core.rank_cards(q, self.agents(), lim)
 
     def close(self) -> None:
         self.flush()

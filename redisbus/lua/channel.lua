@@ -12,7 +12,8 @@ if redis.call('EXISTS', meta) == 1 then
     if ARGV[i + 2] == '1' then
       local stored = redis.call('HGET', meta, ARGV[i])
       local wanted = ARGV[i + 1]
-      if stored ~= wanted and tonumber(stored) ~= tonumber(wanted) then
+      local a, b = tonumber(stored), tonumber(wanted)
+      if stored ~= wanted and (a == nil or b == nil or a ~= b) then
         return {0, ARGV[i], tostring(stored), wanted}
       end
     end
