@@ -327,16 +327,27 @@ class Runtime:
             parts.append(intro_text(b, others))
         if self.config.deliver_unread:
             with b.lock:
-                msgs = list(b.agent.read(filter_by="unread"))
+                msgs = self.consume(b, b.agent.read(filter_by="unread"))
             if msgs:
                 parts.append(frame_messages(b.channel, b.name, msgs))
         return {"context": "\n\n".join(parts)} if parts else None
 
     # -- the tool ----------------------------------------------------------------------
+    @staticmethod
+    def consume(b: Binding, msgs: list[Any]) -> list[Any]:
+        """Messages handed to the model in full are done: ack those addressed to ``b`` so
+        they are not redelivered and do not count against its inbox cap. Call with
+        ``b.lock`` held."""
+        msgs = list(msgs)
+        mine = [m.id for m in msgs if b.name in tuple(m.to)]
+        if mine:
+            b.agent.mark_done(mine, result="read")
+        return msgs
+
     def wait_for_message(
         self, b: Binding, seconds: float, interrupted: Callable[[], bool]
     ) -> tuple[str, list[Any]]:
-        """Block up to ``seconds`` for a message to ``b`` (in <= 1 s slices, checking
+        """Block up to ``seconds`` for a message to ``b`` (in <= 0.5 s slices, checking
         Hermes's interrupt flag between them). Returns (kind, messages); a fetched message
         counts as read, so the caller must hand these messages to the model."""
         deadline = time.monotonic() + seconds
@@ -347,9 +358,9 @@ class Runtime:
             if left <= 0:
                 return "timeout", []
             with b.lock:
-                res = b.agent.wait(timeout=min(1.0, left))
-            if res.kind != "timeout":
-                return str(res.kind), list(res.messages)
+                res = b.agent.wait(timeout=min(0.5, left))
+                if res.kind != "timeout":
+                    return str(res.kind), self.consume(b, res.messages)
 
 
 def post_outcome(agent: Any, ok: bool, text: str, status: str) -> None:

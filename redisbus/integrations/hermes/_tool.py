@@ -195,14 +195,14 @@ def _handle(rt: Runtime, args: dict[str, Any], kw: dict[str, Any]) -> str:
     if wait_s > rt.config.max_wait_s:
         raise ChannelToolError(f"wait_seconds is at most {rt.config.max_wait_s:g}")
     with me.lock:
-        msgs = me.agent.read(filter_by=filter_by, since=since)
+        msgs = rt.consume(me, me.agent.read(filter_by=filter_by, since=since))
     waited = None
     if not msgs and wait_s > 0:
         waited, got = rt.wait_for_message(me, float(wait_s), _interrupted)
         if waited == "interrupted":
             return _error_json("interrupted while waiting", status="interrupted")
         with me.lock:
-            more = me.agent.read(filter_by=filter_by, since=since)
+            more = rt.consume(me, me.agent.read(filter_by=filter_by, since=since))
         seen = {m.id for m in got}
         msgs = got + [m for m in more if m.id not in seen]
     out = {
