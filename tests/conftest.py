@@ -30,8 +30,13 @@ def redis62(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
-@pytest.fixture(params=["redis7", "redis62"])
-def server(request: pytest.FixtureRequest) -> Server:
+@pytest.fixture(params=["redis7", "redis62", "memory"])
+def server(request: pytest.FixtureRequest) -> Any:
+    """A real server (flushed), or ``redisbus.testing``'s in-memory double."""
+    if request.param == "memory":
+        import fakeredis
+
+        return fakeredis.FakeServer()
     srv: Server = request.getfixturevalue(request.param)
     srv.client().flushall()
     return srv
@@ -61,6 +66,11 @@ class Synced:
         if name == "redis":  # tests inspect state with a plain sync client
             import redis
 
+            fake = getattr(self._target, "fake_server", None)
+            if fake is not None:
+                import fakeredis
+
+                return fakeredis.FakeRedis(server=fake, decode_responses=True)
             return redis.Redis.from_url(self._target.url, decode_responses=True)
         attr = getattr(self._target, name)
         if not callable(attr):
@@ -94,17 +104,32 @@ def face(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def make_bus(server: Server, face: str) -> Iterator[Any]:
-    """make_bus(**settings) -> a Bus, or an AsyncBus behind the sync adapter."""
+def make_bus(server: Any, face: str) -> Iterator[Any]:
+    """make_bus(**settings) -> a Bus, or an AsyncBus behind the sync adapter.
+
+    ``make_bus(sync=True)`` always gives a sync Bus on the same backend (for helper threads).
+    """
+    from redisbus import testing
+
     made: list[Any] = []
     loop = asyncio.new_event_loop()
+    memory = not isinstance(server, Server)
 
-    def make(**kw: Any) -> Any:
+    def make(sync: bool = False, **kw: Any) -> Any:
         s = settings(**kw)
-        if face == "sync":
-            b: Any = Bus.from_url(server.url, settings=s)
+        if face == "sync" or sync:
+            b: Any = (
+                testing.memory_bus(server, settings=s)
+                if memory
+                else Bus.from_url(server.url, settings=s)
+            )
         else:
-            b = Synced(AsyncBus.from_url(server.url, settings=s), loop)
+            b = Synced(
+                testing.memory_async_bus(server, settings=s)
+                if memory
+                else AsyncBus.from_url(server.url, settings=s),
+                loop,
+            )
         made.append(b)
         return b
 

@@ -20,9 +20,7 @@ def channel_state(client: redis.Redis, channel: Any) -> dict[str, Any]:
         "marks": client.hgetall(k.marks),
         "members": client.hgetall(k.members),
         "status": client.hgetall(k.status),
-        "groups": sorted(
-            (g["name"], g["pending"], g["last-delivered-id"]) for g in groups
-        ),
+        "groups": sorted((g["name"], g["pending"], g["last-delivered-id"]) for g in groups),
     }
 
 

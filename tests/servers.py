@@ -96,7 +96,9 @@ class Server:
         return version(self.path)
 
 
-def start_server(kind: str, tmp: Path, extra: list[str] | None = None, persistent: bool = False) -> Server:
+def start_server(
+    kind: str, tmp: Path, extra: list[str] | None = None, persistent: bool = False
+) -> Server:
     path = binary(kind)
     if path is None:
         missing(f"no {kind} redis-server binary")

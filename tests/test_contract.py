@@ -48,7 +48,11 @@ def test_message_lifecycle_queued_delivered_read_done(bus: Any, chan_name: str) 
     assert got.kind == "message"
     (msg,) = got.messages
     assert (msg.sender, msg.to, msg.subject, msg.body) == (
-        "writer", ("designer",), "draft", "Script draft v1 ready")
+        "writer",
+        ("designer",),
+        "draft",
+        "Script draft v1 ready",
+    )
     assert msg.created_at == r.queued_at
     assert writer.receipt(r.id)[0].status in ("delivered", "read")
     designer.flush()
@@ -106,8 +110,9 @@ def test_filters_and_since(bus: Any, chan_name: str) -> None:
     assert designer.list(since=future) == []
 
 
-@pytest.mark.parametrize("bad", ["unread bogus", "from:", "to", "after:nope", 'subject:"open',
-                                 "from:a from:b", "\x00"])
+@pytest.mark.parametrize(
+    "bad", ["unread bogus", "from:", "to", "after:nope", 'subject:"open', "from:a from:b", "\x00"]
+)
 def test_malformed_filter_is_a_typed_error(bus: Any, chan_name: str, bad: str) -> None:
     _, _, _, designer = team(bus, chan_name)
     with pytest.raises(InvalidInput):
@@ -186,7 +191,9 @@ def test_sender_identity_is_the_handle(bus: Any, chan_name: str) -> None:
 # -- limits ------------------------------------------------------------------------------------
 
 
-def test_body_one_byte_over_the_limit_is_refused_and_nothing_changes(bus: Any, chan_name: str) -> None:
+def test_body_one_byte_over_the_limit_is_refused_and_nothing_changes(
+    bus: Any, chan_name: str
+) -> None:
     ch, _, writer, designer = team(bus, chan_name, max_body_bytes=100)
     before = channel_state(bus.redis, getattr(ch, "target", ch))
     with pytest.raises(TooLarge) as e:
@@ -325,7 +332,9 @@ def test_wait_times_out_and_refuses_bad_timeouts(bus: Any, chan_name: str) -> No
     assert designer.wait(timeout=0).kind == "timeout"
 
 
-def test_wait_wakes_promptly_on_a_message_from_another_client(make_bus: Any, chan_name: str) -> None:
+def test_wait_wakes_promptly_on_a_message_from_another_client(
+    make_bus: Any, chan_name: str
+) -> None:
     bus1 = make_bus()
     _, _, writer, designer = team(bus1, chan_name)
     sender_bus = make_bus()
@@ -339,10 +348,7 @@ def test_wait_wakes_promptly_on_a_message_from_another_client(make_bus: Any, cha
         w2.send("designer", "wake up")
 
     if hasattr(sender_bus, "target"):  # the async adapter is not thread-safe: use a sync bus
-        from redisbus import Bus
-
-        sync_bus = Bus.from_url(bus1.url, settings=sender_bus.settings)
-        w2 = sync_bus.channel(chan_name).join("writer")
+        w2 = make_bus(sync=True).channel(chan_name).join("writer")
     t = threading.Thread(target=later)
     t.start()
     got = designer.wait(timeout=10)
@@ -353,17 +359,14 @@ def test_wait_wakes_promptly_on_a_message_from_another_client(make_bus: Any, cha
 
 
 def test_await_delivery_returns_once_fetched(make_bus: Any, chan_name: str) -> None:
-    from redisbus import Bus
-
     bus = make_bus()
     _, _, writer, _ = team(bus, chan_name)
-    other = Bus.from_url(bus.url, settings=bus.settings)
+    other = make_bus(sync=True)
     designer = other.channel(chan_name).join("designer")
     t = threading.Thread(target=lambda: designer.wait(timeout=5))
     t.start()
     r = writer.send("designer", "are you there", await_delivery=5)
     t.join()
-    other.close()
     assert r.status in ("delivered", "read") and r.delivered_at
     r2 = writer.send("designer", "nobody waits", await_delivery=0.2)
     assert r2.status == "queued"
@@ -390,10 +393,15 @@ def test_roster_and_tree(bus: Any, chan_name: str) -> None:
     roster = writer.agents()
     assert roster.self.name == "writer" and roster.self.depth == 1
     assert [(m.relationship, m.name) for m in roster.family] == [
-        ("parent", "director"), ("sibling", "designer")]
+        ("parent", "director"),
+        ("sibling", "designer"),
+    ]
     tree = ch.tree()
     assert [(m.name, m.parent, m.depth) for m in tree] == [
-        ("director", None, 0), ("designer", "director", 1), ("writer", "director", 1)]
+        ("director", None, 0),
+        ("designer", "director", 1),
+        ("writer", "director", 1),
+    ]
     assert {m.status for m in tree} == {"running"}
 
 

@@ -49,7 +49,10 @@ end
 if pull then
   local r = redis.call('XREADGROUP', 'GROUP', agent, consumer, 'COUNT', 10000, 'STREAMS', stream, '>')
   if r and r[1] then
-    for _, e in ipairs(r[1][2]) do
+    -- Redis replies {{stream, entries}}; fakeredis (the test double) {stream, entries}
+    local entries = r[2]
+    if type(r[1]) == 'table' then entries = r[1][2] end
+    for _, e in ipairs(entries) do
       if not addressed(e[2], agent) then redis.call('XACK', stream, agent, e[1])
       elseif expired(e[1], e[2]) then expire(e[1]) end
     end

@@ -1,0 +1,64 @@
+"""Worker processes for the race tests: each opens its own Bus and hammers one channel."""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+from redisbus import Bus, BusSettings, InboxFull, RateLimited
+
+
+def send_many(
+    url: str, channel: str, sender: str, to: str, n: int, barrier: Barrier, out: Queue[Any]
+) -> None:
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False))
+    agent = bus.channel(channel).join(sender)
+    barrier.wait()
+    counts = {"ok": 0, "inbox_full": 0, "rate_limited": 0}
+    for i in range(n):
+        try:
+            agent.send(to, f"{sender}-{i}")
+            counts["ok"] += 1
+        except InboxFull:
+            counts["inbox_full"] += 1
+        except RateLimited:
+            counts["rate_limited"] += 1
+    bus.close()
+    out.put(counts)
+
+
+def send_for(
+    url: str, channel: str, sender: str, to: str, seconds: float, barrier: Barrier, out: Queue[Any]
+) -> None:
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False, replica=f"r-{time.time_ns()}"))
+    agent = bus.channel(channel).join(sender)
+    barrier.wait()
+    start = time.monotonic()
+    ok = refused = 0
+    while time.monotonic() - start < seconds:
+        try:
+            agent.send(to, "x")
+            ok += 1
+        except RateLimited:
+            refused += 1
+    bus.close()
+    out.put({"ok": ok, "refused": refused, "start": start})
+
+
+def run_all(target: Any, arglists: list[tuple[Any, ...]]) -> list[Any]:
+    """Run target(*args, barrier, queue) in one spawned process each; return their results."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(arglists))
+    queue: Queue[Any] = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*a, barrier, queue)) for a in arglists]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0, p.exitcode
+    return results

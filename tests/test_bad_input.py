@@ -1,0 +1,103 @@
+"""Bad input, hammered: thousands of malformed calls get typed errors and change nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from redisbus import Bus, BusSettings, RedisbusError
+from tests.helpers import channel_state
+from tests.servers import Server
+
+junk = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.binary(max_size=20),
+    st.text(max_size=40), st.text(alphabet=st.characters(max_codepoint=0x9F), max_size=10),
+    st.lists(st.text(max_size=5), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+ids = st.one_of(junk, st.from_regex(r"\A\d{1,25}-\d{1,25}\Z"), st.just("0-0"))
+
+
+@pytest.fixture(scope="module")
+def board(redis7: Server) -> Iterator[tuple[Any, Any, Any]]:
+    redis7.client().flushall()
+    bus = Bus.from_url(redis7.url, settings=BusSettings(metrics=False))
+    ch = bus.channel("fuzz", inbox_cap=5, max_body_bytes=64, pair_rate_burst=2, pair_rate_per_s=0.001)
+    a = ch.join("a")
+    ch.join("b")
+    a.send("b", "seed")
+    yield bus, ch, a
+    bus.close()
+
+
+def refused_without_a_trace(bus: Any, ch: Any, call: Any) -> None:
+    before = channel_state(bus.redis, ch)
+    try:
+        call()
+    except RedisbusError:
+        assert channel_state(bus.redis, ch) == before
+    except TypeError as e:  # only from Python itself: wrong keyword or arity, never our values
+        raise AssertionError(f"TypeError escaped: {e}") from e
+
+
+fuzz = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@fuzz
+@given(to=junk, body=junk, subject=junk, type_=junk, priority=junk, reply_to=ids, ttl=junk)
+def test_send_with_junk(board: Any, to: Any, body: Any, subject: Any, type_: Any, priority: Any,
+                        reply_to: Any, ttl: Any) -> None:
+    bus, ch, a = board
+    refused_without_a_trace(bus, ch, lambda: a.send(
+        to, body, subject=subject, type=type_, priority=priority, reply_to=reply_to, ttl_s=ttl))
+
+
+@fuzz
+@given(filter_by=junk, since=junk, limit=junk)
+def test_read_and_list_with_junk(board: Any, filter_by: Any, since: Any, limit: Any) -> None:
+    bus, ch, a = board
+    refused_without_a_trace(bus, ch, lambda: a.list(filter_by=filter_by, since=since, limit=limit))
+    refused_without_a_trace(bus, ch, lambda: a.read(filter_by=filter_by, since=since, limit=limit))
+
+
+@fuzz
+@given(timeout=st.one_of(junk.filter(lambda v: not (isinstance(v, int | float) and 0 <= v <= 300)),
+                         st.floats(min_value=300.0001, max_value=1e300)))
+def test_wait_with_bad_timeouts(board: Any, timeout: Any) -> None:
+    bus, ch, a = board
+    refused_without_a_trace(bus, ch, lambda: a.wait(timeout=timeout))
+
+
+@fuzz
+@given(message=ids, result=junk)
+def test_mark_done_and_receipt_with_junk(board: Any, message: Any, result: Any) -> None:
+    bus, ch, a = board
+    refused_without_a_trace(bus, ch, lambda: a.receipt(message))
+    if result is not None:
+        refused_without_a_trace(bus, ch, lambda: a.mark_done(message, result=result))
+
+
+@fuzz
+@given(name=junk, parent=junk, replica=junk)
+def test_join_with_junk(board: Any, name: Any, parent: Any, replica: Any) -> None:
+    bus, ch, a = board
+    before = channel_state(bus.redis, ch)
+    try:
+        ch.join(name, parent=parent, replica=replica)
+    except RedisbusError:
+        assert channel_state(bus.redis, ch) == before
+
+
+@fuzz
+@given(name=junk, routing=junk, cap=junk)
+def test_channel_with_junk(board: Any, name: Any, routing: Any, cap: Any) -> None:
+    bus, ch, a = board
+    before = channel_state(bus.redis, ch)
+    try:
+        bus.channel(name, routing=routing, inbox_cap=cap)
+    except RedisbusError:
+        pass
+    assert channel_state(bus.redis, ch) == before

@@ -1,0 +1,286 @@
+"""The MCP server as a model sees it: real server processes, one agent each, driven by the
+official ``mcp`` client over stdio (and once over streamable HTTP), on a real Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import ClientSession  # noqa: E402
+from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+
+from redisbus.embedded import free_port  # noqa: E402
+from redisbus.integrations.mcp import TOOL_NAMES  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def server_args(channel: str, name: str, *extra: str) -> list[str]:
+    return ["-m", "redisbus.integrations.mcp", "--channel", channel, "--as", name, *extra]
+
+
+def server_env(redis_url: str) -> dict[str, str]:
+    return {"REDISBUS_URL": redis_url, "REDISBUS_METRICS": "false", "PYTHONPATH": str(ROOT)}
+
+
+@asynccontextmanager
+async def mcp_agent(
+    redis_url: str, channel: str, name: str, *extra: str
+) -> AsyncIterator[ClientSession]:
+    """A ``python -m redisbus.integrations.mcp`` process serving ``name``, and a client on it."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=server_args(channel, name, *extra),
+        env=server_env(redis_url),
+        cwd=str(ROOT),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+async def call(session: ClientSession, tool: str, **args: Any) -> dict[str, Any]:
+    res = await session.call_tool(tool, args)
+    text = res.content[0].text  # type: ignore[union-attr]
+    assert not res.is_error, text
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+async def refused(session: ClientSession, tool: str, **args: Any) -> str:
+    res = await session.call_tool(tool, args)
+    text: str = res.content[0].text  # type: ignore[union-attr]
+    assert res.is_error, text
+    return text
+
+
+async def test_tools_are_listed_and_none_takes_a_sender(redis_url: str) -> None:
+    async with mcp_agent(redis_url, "c-tools", "alice") as alice:
+        tools = (await alice.list_tools()).tools
+
+    assert sorted(t.name for t in tools) == sorted(TOOL_NAMES)
+    for t in tools:
+        props = set(t.input_schema.get("properties", {}))
+        assert not props & {"from", "sender", "from_agent", "as", "agent"}, (t.name, props)
+        assert "alice" in (t.description or ""), t.name  # the fixed identity is stated
+    wait = next(t for t in tools if t.name == "agent_wait")
+    assert wait.input_schema["properties"]["timeout"]["maximum"] == 300
+
+
+async def test_two_agents_ask_answer_mark_done_and_discover_each_other(redis_url: str) -> None:
+    async with (
+        mcp_agent(
+            redis_url,
+            "c-team",
+            "alice",
+            "--description",
+            "plans the project",
+            "--skill",
+            "planning",
+            "--skill",
+            "questions",
+        ) as alice,
+        mcp_agent(
+            redis_url,
+            "c-team",
+            "bob",
+            "--description",
+            "writes and reviews code",
+            "--skill",
+            "python",
+            "--skill",
+            "review",
+        ) as bob,
+    ):
+        # given bob waiting, when alice asks, then bob's wait wakes with the question
+        async with anyio.create_task_group() as tg:
+            got: dict[str, Any] = {}
+
+            async def bob_waits() -> None:
+                got.update(await call(bob, "agent_wait", timeout=20))
+
+            tg.start_soon(bob_waits)
+            await anyio.sleep(0.3)
+            sent = await call(
+                alice,
+                "agent_send_message",
+                to="bob",
+                message="Which Python version?",
+                subject="question",
+                type="request",
+            )
+        assert sent["from"] == "alice" and sent["delivered_to"] == ["bob"]
+        assert got["kind"] == "message"
+        [q] = got["messages"]
+        assert (q["id"], q["from"], q["body"], q["subject"]) == (
+            sent["message_id"],
+            "alice",
+            "Which Python version?",
+            "question",
+        )
+        assert "not as instructions" in got["note"]
+
+        # bob's read of the question in full, then his answer with reply_to
+        read = await call(bob, "agent_read_messages", filter_by="from:alice all")
+        assert [m["id"] for m in read["messages"]] == [q["id"]]
+        answer = await call(
+            bob,
+            "agent_send_message",
+            to="alice",
+            message="3.11",
+            subject="re: question",
+            type="response",
+            reply_to=q["id"],
+        )
+        await call(bob, "agent_mark_done", message_id=q["id"], result="answered")
+
+        # alice waits for and gets the answer, attributed to bob, and marks it done
+        w = await call(alice, "agent_wait", timeout=10)
+        assert w["kind"] == "message"
+        [a] = w["messages"]
+        assert (a["from"], a["body"], a["reply_to"], a["id"]) == (
+            "bob",
+            "3.11",
+            q["id"],
+            answer["message_id"],
+        )
+        done = await call(alice, "agent_mark_done", message_id=a["id"])
+        assert done["changed"] is True
+        assert (await call(alice, "agent_read_messages"))["messages"] == []
+
+        # the list shows headers without changing state
+        heads = await call(alice, "agent_list_messages", filter_by="all")
+        assert {m["id"] for m in heads["messages"]} == {q["id"], a["id"]}
+
+        # each finds the other by skills
+        found = await call(alice, "agent_discover", query="python review")
+        assert found["agents"][0]["name"] == "bob"
+        assert found["agents"][0]["skills"] == ["python", "review"]
+        found = await call(bob, "agent_discover", query="planning")
+        assert [m["name"] for m in found["agents"]] == ["alice"]
+
+
+async def test_refusals_are_tool_errors_with_the_typed_reason(redis_url: str) -> None:
+    async with (
+        mcp_agent(redis_url, "c-err", "alice") as alice,
+        mcp_agent(redis_url, "c-err", "bob"),
+    ):
+        text = await refused(alice, "agent_send_message", to="nobody", message="hi")
+        assert "unknown_agent" in text
+
+        text = await refused(alice, "agent_send_message", to="bob", message="x" * (33 * 1024))
+        assert "too_large" in text and "limit=32768" in text
+
+        text = await refused(alice, "agent_send_message", to="bob", message="hi", type="control")
+        assert "invalid_input" in text
+
+        text = await refused(alice, "agent_read_messages", filter_by="colour:blue")
+        assert "invalid_input" in text
+
+        started = time.monotonic()
+        text = await refused(alice, "agent_wait", timeout=301)
+        assert "invalid_input" in text and "300" in text
+        assert time.monotonic() - started < 2
+
+        for _ in range(3):  # the pair bucket: 3 burst
+            await call(alice, "agent_send_message", to="bob", message="ping")
+        text = await refused(alice, "agent_send_message", to="bob", message="ping")
+        assert text.split(": ", 1)[1].startswith("rate_limited") or "rate_limited" in text
+        assert "retry_after_s=" in text
+
+
+async def test_wait_never_blocks_longer_than_asked(redis_url: str) -> None:
+    async with mcp_agent(redis_url, "c-wait", "alice") as alice:
+        started = time.monotonic()
+        w = await call(alice, "agent_wait", timeout=1.5)
+        elapsed = time.monotonic() - started
+
+    assert w == {
+        "agent": "alice",
+        "channel": "c-wait",
+        "kind": "timeout",
+        "count": 0,
+        "messages": [],
+    }
+    assert 1.4 <= elapsed < 3.0
+
+
+async def test_a_message_read_in_full_is_not_handed_out_again_by_wait(redis_url: str) -> None:
+    async with (
+        mcp_agent(redis_url, "c-once", "alice") as alice,
+        mcp_agent(redis_url, "c-once", "bob") as bob,
+    ):
+        first = await call(alice, "agent_send_message", to="bob", message="first")
+        [m] = (await call(bob, "agent_read_messages"))["messages"]
+        assert m["id"] == first["message_id"]
+
+        assert (await call(bob, "agent_wait", timeout=0.5))["kind"] == "timeout"
+
+        second = await call(alice, "agent_send_message", to="bob", message="second")
+        w = await call(bob, "agent_wait", timeout=5)
+        assert [x["id"] for x in w["messages"]] == [second["message_id"]]
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(
+                f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}"
+            )
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listening on port {port}")
+
+
+async def test_streamable_http_serves_the_same_agent(redis_url: str) -> None:
+    port = free_port()
+    env = {**os.environ, **server_env(redis_url)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *server_args(
+                "c-http", "carol", "--skill", "http", "--transport", "http", "--port", str(port)
+            ),
+        ],
+        env=env,
+        cwd=str(ROOT),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for_port(port, proc)
+        async with (
+            mcp_agent(redis_url, "c-http", "dave") as dave,
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+            ClientSession(read, write) as carol,
+        ):
+            await carol.initialize()
+            assert sorted(t.name for t in (await carol.list_tools()).tools) == sorted(TOOL_NAMES)
+
+            await call(dave, "agent_send_message", to="carol", message="over http?")
+            w = await call(carol, "agent_wait", timeout=10)
+            assert [(m["from"], m["body"]) for m in w["messages"]] == [("dave", "over http?")]
+            found = await call(dave, "agent_discover", query="http")
+            assert [m["name"] for m in found["agents"]] == ["carol"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
