@@ -187,8 +187,8 @@ def panels() -> list[Panel]:
         row("Traffic"),
         timeseries(
             "Send rate by type",
-            "Messages accepted into a channel stream per second, by message type (one per "
-            f"recipient). {client_note}",
+            "Messages appended to a channel stream per second, by message type (a broadcast "
+            f"counts once). {client_note}",
             [target(f"sum by (type) ({rate('redisbus_messages_sent_total')})", "{{type}}")],
             "cps",
             stack=True,
@@ -197,7 +197,8 @@ def panels() -> list[Panel]:
             "Refusals by reason",
             "Sends refused per second, by reason: inbox_full (recipient behind), rate_limited "
             "(sender too chatty), too_large, chain_too_deep, loop, routing_refused, "
-            "unknown_agent, recipient_closed, channel_paused, budget, invalid_input. "
+            "unknown_agent, recipient_closed, channel_paused, budget, invalid_input, "
+            "not_permitted, agent_closed, connection; anything else is counted as other. "
             f"{client_note}",
             [target(f"sum by (reason) ({rate('redisbus_send_rejected_total')})", "{{reason}}")],
             "cps",
@@ -205,7 +206,8 @@ def panels() -> list[Panel]:
         ),
         timeseries(
             "Refused share of sends",
-            "Refused sends as a share of all send attempts. RedisbusRefusalRateHigh fires "
+            "Refusals (per recipient) as a share of refusals plus sent messages: roughly the "
+            "share of send attempts refused. RedisbusRefusalRateHigh fires "
             f"above 10% sustained for 10 minutes. {client_note}",
             [
                 target(

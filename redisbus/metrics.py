@@ -109,6 +109,10 @@ REJECT_REASONS: Final[frozenset[str]] = frozenset(
         "channel_paused",
         "budget",
         "invalid_input",
+        # further codes of the error tree that a send can end with
+        "not_permitted",
+        "agent_closed",
+        "connection",
     }
 )
 
@@ -199,13 +203,13 @@ def _create_families(registry: CollectorRegistry) -> _Families:
     families = _Families(
         sent=Counter(
             "redisbus_messages_sent",
-            "Messages accepted into a channel stream, by message type.",
+            "Messages appended to a channel stream, by message type; a broadcast counts once.",
             ("type", "host"),
             registry=registry,
         ),
         rejected=Counter(
             "redisbus_send_rejected",
-            "Sends refused (per recipient), by reason.",
+            "Sends refused, per recipient, by reason.",
             ("reason", "host"),
             registry=registry,
         ),
@@ -285,7 +289,7 @@ class BusMetrics:
         self._dead_lettered = f.dead_lettered.labels(host)
 
     def sent(self, type_: str) -> None:
-        """One message of type ``type_`` was accepted for one recipient."""
+        """One message of type ``type_`` was appended to a stream (a broadcast counts once)."""
         self._sent.get(type_, self._sent[_OTHER]).inc()
 
     def rejected(self, reason: str) -> None:
