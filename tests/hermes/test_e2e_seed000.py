@@ -67,8 +67,9 @@ def designer(c: Conversation) -> list[Action]:
     if not _seen(c, "Script draft v1 ready"):
         return [WAIT]
     if not _sent(c, "Question about outfit"):
-        return [_send("writer", "Question about outfit",
-                      "Need descriptions of main character's outfit")]
+        return [
+            _send("writer", "Question about outfit", "Need descriptions of main character's outfit")
+        ]
     if not _seen(c, "wardrobe notes"):
         return [WAIT]
     if not _sent(c, "designs"):
@@ -99,8 +100,11 @@ def script(request: dict) -> list[Action]:
     if not c.is_child:
         return director(c)
     goal = c.goal or ""
-    for key, fn in (("[agent: writer]", writer), ("[agent: designer]", designer),
-                    ("storyboard artist", storyboard)):
+    for key, fn in (
+        ("[agent: writer]", writer),
+        ("[agent: designer]", designer),
+        ("storyboard artist", storyboard),
+    ):
         if key in goal:
             return fn(c)
     raise AssertionError(f"unexpected child goal {goal!r}")
@@ -139,8 +143,9 @@ def scenario_seed000() -> dict:
             "errors": stub.errors,
             "dispatched": dispatched,
             "first_final": first["final_response"],
-            "event_results": [(r["task_index"], r["status"], r["summary"])
-                              for r in event["results"]],
+            "event_results": [
+                (r["task_index"], r["status"], r["summary"]) for r in event["results"]
+            ],
             "final": second["final_response"],
             "turn2_user": parent_requests[-1].last_user,
             "children": children,
@@ -152,8 +157,9 @@ def scenario_seed000() -> dict:
 
 def test_seed000_rounds_through_a_real_hermes_parent(redis_url: str) -> None:
     t0 = time.monotonic()
-    out = run_scenario(scenario_seed000, config=CONFIG, env={"REDISBUS_URL": redis_url},
-                       timeout=240)
+    out = run_scenario(
+        scenario_seed000, config=CONFIG, env={"REDISBUS_URL": redis_url}, timeout=240
+    )
     elapsed = time.monotonic() - t0
     assert out["errors"] == []
     assert out["dispatched"]["status"] == "dispatched" and out["dispatched"]["count"] == 3
@@ -179,8 +185,12 @@ def test_seed000_rounds_through_a_real_hermes_parent(redis_url: str) -> None:
     try:
         ch = bus.channel(out["channel"])
         tree = {m.name: (m.parent, m.depth) for m in ch.tree()}
-        assert tree == {"director": (None, 0), "writer": ("director", 1),
-                        "designer": ("director", 1), "storyboard-artist": ("director", 1)}
+        assert tree == {
+            "director": (None, 0),
+            "writer": ("director", 1),
+            "designer": ("director", 1),
+            "storyboard-artist": ("director", 1),
+        }
         msgs = ch.join("director").list("all", limit=1000)
     finally:
         bus.close()
@@ -208,7 +218,8 @@ def test_seed000_rounds_through_a_real_hermes_parent(redis_url: str) -> None:
     assert pos[("director", "direction")] < pos[("writer", "final")]
     assert pos[("writer", "final")] < pos[("storyboard-artist", "storyboard")]
     assert pos[("designer", "designs")] < pos[("storyboard-artist", "storyboard")]
-    assert min(i for i, e in enumerate(log) if e[3] == "outcome") > pos[
-        ("storyboard-artist", "storyboard")
-    ]
+    assert (
+        min(i for i, e in enumerate(log) if e[3] == "outcome")
+        > pos[("storyboard-artist", "storyboard")]
+    )
     assert elapsed < 120
