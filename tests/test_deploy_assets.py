@@ -506,13 +506,38 @@ def test_exporter_user_reads_but_cannot_write(acl_redis: dict[str, Any]) -> None
     assert exporter.xlen("rb:{team}:s") == 1
     assert exporter.xinfo_stream("rb:{team}:s")["length"] == 1
     assert exporter.smembers("rb:channels") == set()
+    # scripts run with the caller's permissions: reading works, writing from Lua does not
+    count = exporter.register_script("return redis.call('XLEN', KEYS[1])")
+    assert count(keys=["rb:{team}:s"]) == 1
+    forge = exporter.register_script("return redis.call('XADD', KEYS[1], '*', 'body', 'x')")
     for denied in (
         lambda: exporter.xadd("rb:{team}:s", {"body": "forged"}),
         lambda: exporter.hset("rb:{team}:st", "writer", "failed"),
-        lambda: exporter.eval("return 1", 0),
+        lambda: forge(keys=["rb:{team}:s"]),
     ):
         with pytest.raises(redis.exceptions.ResponseError):
             denied()
+
+
+def test_the_bus_runs_under_the_agent_user(acl_redis: dict[str, Any]) -> None:
+    from redisbus import Bus
+
+    password = acl_redis["passwords"]["agent"]
+    bus = Bus.from_url(f"redis://agent:{password}@127.0.0.1:{acl_redis['port']}/0")
+    try:
+        ch = bus.channel("team", routing="open")
+        director = ch.join("director")
+        writer = ch.join("writer", parent="director")
+        receipt = director.send("writer", "Script draft v1 ready", subject="draft")
+        got = writer.wait(timeout=5)
+        assert got.kind == "message"
+        assert [m.body for m in got.messages] == ["Script draft v1 ready"]
+        writer.mark_done(got.messages[0].id)
+        after = director.receipt(receipt.id)  # Receipt(s): one per recipient
+        assert [r.status for r in (after if isinstance(after, list) else [after])] == ["done"]
+        assert {m.name for m in ch.tree()} == {"director", "writer"}
+    finally:
+        bus.close()
 
 
 def test_default_user_is_off(acl_redis: dict[str, Any]) -> None:
