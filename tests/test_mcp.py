@@ -19,12 +19,12 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
-from redisbus.embedded import free_port  # noqa: E402
-from redisbus.integrations.mcp import TOOL_NAMES  # noqa: E402
+from redisbus.embedded import free_port
+from redisbus.integrations.mcp import TOOL_NAMES
 
 pytestmark = pytest.mark.timeout(120)
 
