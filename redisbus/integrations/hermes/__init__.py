@@ -205,7 +205,9 @@ def delegate_task(
 
     ``tasks`` items take ``goal``, ``context`` and ``role``; a role other than Hermes's
     ``leaf``/``orchestrator`` (e.g. ``"writer"``), or ``persona``/``name``, is the child's
-    name on the channel. Without ``enable_agent_channel`` this is exactly Hermes's call.
+    name on the channel. Without ``enable_agent_channel`` this is exactly Hermes's call, and
+    its children stay off the channel even when the plugin is on for model-driven
+    delegations.
     Synchronous by default (the children's results are in the returned dict); with
     ``background=True`` Hermes returns at once and delivers results later. Returns Hermes's
     result as a dict, plus ``channel`` when the channel is on.
@@ -229,15 +231,21 @@ def delegate_task(
             tasks = _prepare_tasks(tasks)
         elif goal is not None and role and role.strip().lower() not in HERMES_ROLES:
             goal, role = goal_with_persona(goal, role), None
-    raw = hermes_delegate_task(
-        goal=goal,
-        context=context,
-        tasks=tasks,
-        max_iterations=max_iterations,
-        role=role,
-        background=background,
-        parent_agent=parent_agent,
-    )
+    rt_now = _runtime
+    old = rt_now.set_suppressed(not enable_agent_channel) if rt_now is not None else False
+    try:
+        raw = hermes_delegate_task(
+            goal=goal,
+            context=context,
+            tasks=tasks,
+            max_iterations=max_iterations,
+            role=role,
+            background=background,
+            parent_agent=parent_agent,
+        )
+    finally:
+        if rt_now is not None:
+            rt_now.set_suppressed(old)
     result: dict[str, Any] = json.loads(raw) if isinstance(raw, str) else dict(raw)
     if channel is not None and isinstance(result, dict):
         result["channel"] = channel

@@ -132,6 +132,18 @@ class Runtime:
         self.by_session: dict[str, Binding] = {}
         self.session_channel: dict[str, str] = {}  # root session -> channel name override
         self.names: dict[str, set[str]] = {}  # channel -> names taken by this process
+        self._local = threading.local()  # per-thread: delegations that opted out
+
+    @property
+    def suppressed(self) -> bool:
+        return bool(getattr(self._local, "suppress", False))
+
+    def set_suppressed(self, value: bool) -> bool:
+        """Children built on this thread skip the channel (``enable_agent_channel=False``);
+        ``subagent_start`` runs on the thread that calls ``delegate_task``."""
+        old = self.suppressed
+        self._local.suppress = value
+        return old
 
     # -- bus and channels --------------------------------------------------------------
     @property
@@ -246,6 +258,8 @@ class Runtime:
         child_goal: str | None = None,
         **_: Any,
     ) -> None:
+        if self.suppressed:
+            return
         with self._lock:
             parent: Binding | None = None
             if parent_subagent_id:
