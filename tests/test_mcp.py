@@ -266,21 +266,55 @@ async def test_streamable_http_serves_the_same_agent(redis_url: str) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    endpoint = f"http://127.0.0.1:{port}/mcp"
     try:
         _wait_for_port(port, proc)
         async with (
             mcp_agent(redis_url, "c-http", "dave") as dave,
-            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+            streamable_http_client(endpoint) as (read, write),
             ClientSession(read, write) as carol,
+            streamable_http_client(endpoint) as (read2, write2),
+            ClientSession(read2, write2) as carol_too,
         ):
             await carol.initialize()
+            await carol_too.initialize()
             assert sorted(t.name for t in (await carol.list_tools()).tools) == sorted(TOOL_NAMES)
 
-            await call(dave, "agent_send_message", to="carol", message="over http?")
-            w = await call(carol, "agent_wait", timeout=10)
-            assert [(m["from"], m["body"]) for m in w["messages"]] == [("dave", "over http?")]
+            # one session of carol waits; another session of the same agent can still send
+            async with anyio.create_task_group() as tg:
+                got: dict[str, Any] = {}
+
+                async def carol_waits() -> None:
+                    got.update(await call(carol, "agent_wait", timeout=20))
+
+                tg.start_soon(carol_waits)
+                await anyio.sleep(0.3)
+                started = time.monotonic()
+                sent = await call(carol_too, "agent_send_message", to="dave", message="ping")
+                assert time.monotonic() - started < 2.5
+                assert sent["from"] == "carol"
+                await call(dave, "agent_send_message", to="carol", message="over http?")
+            assert [(m["from"], m["body"]) for m in got["messages"]] == [("dave", "over http?")]
+
             found = await call(dave, "agent_discover", query="http")
             assert [m["name"] for m in found["agents"]] == ["carol"]
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_server_that_cannot_join_exits_with_one_line(redis_url: str) -> None:
+    env = {**os.environ, **server_env(redis_url)}
+    proc = subprocess.run(
+        [sys.executable, *server_args("c-bad", "kid", "--parent", "ghost")],
+        env=env,
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "redisbus mcp: unknown_agent: no such parent: ghost"
+    ]
