@@ -6,6 +6,7 @@ import argparse
 import gc
 import os
 import sys
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -111,6 +112,8 @@ def run_figure(
         for _ in range(n_rounds):
             console.print(f"  [dim]{fig.name}: ref {label}[/dim]")
             measure(side, fn, ctx, server)
+    result.notes.extend(n for n in ctx.notes if n not in result.notes)
+    ctx.notes.clear()
     if fig.name == "memory":
         result.notes.append(_memory_note(ctx))
     if not result.unavailable:
@@ -154,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(report.machine_line(machine))
         for fig in figs:
             console.print(f"[bold]{fig.name}[/bold]: {fig.title}")
+            t0 = time.monotonic()
             results.append(run_figure(fig, ctx, server, rounds, console))
+            console.print(f"  [dim]{fig.name}: {time.monotonic() - t0:.1f} s[/dim]")
+    machine["load_end"] = report.load_average()
     config = {
         "argv": shown_flags(args),
         "mode": mode,

@@ -11,12 +11,21 @@ import asyncio
 import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from bench.baselines import SUBJECT, WARMUP, memory_metrics, paced, sleep_until, wakeup_count
+from bench.baselines import (
+    SUBJECT,
+    WARMUP,
+    memory_metrics,
+    paced,
+    receive_until_quiet,
+    sleep_until,
+    wakeup_count,
+    wakeup_metrics,
+)
 from bench.common import (
     Ctx,
     Metrics,
@@ -174,22 +183,20 @@ def bus_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
             if not ready.wait(30):
                 raise RuntimeError("sender process did not start")
             go.set()
-            deadline = time.monotonic() + n / rate + 30
-            while len(lat) < n and time.monotonic() < deadline:
-                w = receiver.wait(timeout=1)
+            for _ in receive_until_quiet(proc, n, lambda: len(lat)):
+                w = receiver.wait(timeout=0.5)
                 now = time.time_ns()
                 for m in w.messages:
                     lat.append(now - body_ts(m.body))
-                for m in w.messages:
-                    receiver.mark_done(m.id)
+                if w.messages:
+                    receiver.mark_done(w.messages)
         finally:
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
     if proc.exitcode not in (0, None):
         raise RuntimeError(f"sender process exited with {proc.exitcode}")
-    samples = lat[min(50, len(lat) // 10) :]
-    return {"received": float(len(lat)), **latency_metrics(samples)}
+    return wakeup_metrics(lat, n)
 
 
 # --- async -------------------------------------------------------------------------------------
@@ -364,34 +371,40 @@ def _best_of(k: int, fn: Any) -> float:
 # --- memory: N messages sent and done, before and after trimming -----------------------------
 
 
-def _trim(bus: Any, ch: Any) -> str:
-    """Run whatever trimming the core exposes; return its name."""
+def _trim(ctx: Ctx, bus: Any, ch: Any) -> bool:
+    """Run whatever trimming the core exposes; False (and a note) when there is none."""
     for owner, attr in ((ch, "trim"), (bus, "trim"), (ch, "janitor"), (bus, "janitor")):
         fn = getattr(owner, attr, None)
         if callable(fn):
             fn()
-            return f"{type(owner).__name__}.{attr}()"
-    raise Unavailable("no public trim/janitor call on Channel or Bus")
+            ctx.note(f"trimmed with {type(owner).__name__}.{attr}()")
+            return True
+    ctx.note(
+        "the core has no public trim call (Channel/Bus .trim() or .janitor()): "
+        "'after trimming' is memory after done, untrimmed"
+    )
+    return False
 
 
-def _drain(receiver: Any, expected: int) -> int:
+def _drain(receiver: Any, expected: int) -> tuple[int, int]:
+    """Receive and mark done ``expected`` messages: ``wait()`` until it goes quiet, then
+    ``read()`` for any it did not return. Returns (done, done only through read())."""
     done = 0
-    idle = 0
-    while done < expected and idle < 3:
-        w = receiver.wait(timeout=1)
+    while done < expected:
+        w = receiver.wait(timeout=0.5)
         if not w.messages:
-            idle += 1
-            continue
-        idle = 0
-        ids: Sequence[str] = [m.id for m in w.messages]
-        mark_many = getattr(receiver, "mark_done_many", None)
-        if mark_many is not None:
-            mark_many(ids)
-        else:
-            for i in ids:
-                receiver.mark_done(i)
-        done += len(ids)
-    return done
+            break
+        receiver.mark_done(w.messages)
+        done += len(w.messages)
+    via_read = 0
+    while done < expected:
+        msgs = [m for m in receiver.read(limit=1_000) if receiver.name in m.to]
+        if not msgs:
+            break
+        receiver.mark_done(msgs)
+        done += len(msgs)
+        via_read += len(msgs)
+    return done, via_read
 
 
 def bus_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
@@ -404,6 +417,7 @@ def bus_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
         sender = ch.join("sender")
         receiver = ch.join("receiver")
         before = used_memory(client)
+        t0 = time.perf_counter()
         send_many = getattr(sender, "send_many", None)
         for start in range(0, n, batch):
             k = min(batch, n - start)
@@ -412,12 +426,25 @@ def bus_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
             else:
                 for _ in range(k):
                     check(sender.send("receiver", body()))
+        send_s = time.perf_counter() - t0
         sent = used_memory(client)
-        done = _drain(receiver, n)
+        t0 = time.perf_counter()
+        done, via_read = _drain(receiver, n)
+        if via_read:
+            ctx.note(
+                f"wait() stopped returning messages with {via_read:,} of {n:,} not yet "
+                "returned; read() fetched them"
+            )
+        done_s = time.perf_counter() - t0
         if done != n:
             raise RuntimeError(f"only {done} of {n} messages came back to be marked done")
         after_done = used_memory(client)
-        _trim(bus, ch)
+        _trim(ctx, bus, ch)
         trimmed = used_memory(client)
     client.close()
-    return memory_metrics(n, before, sent, after_done, trimmed)
+    return {
+        **memory_metrics(n, before, sent, after_done, trimmed),
+        "send_per_s": n / send_s,
+        "done_per_s": n / done_s,
+        "missed_by_wait": float(via_read),
+    }

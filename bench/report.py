@@ -218,7 +218,16 @@ def describe_machine(redis_version: str, server_kind: str) -> dict[str, Any]:
         "faststream": _version("faststream"),
         "redisbus": _version("redisbus"),
         "commit": _git_commit(),
+        "load_start": load_average(),
     }
+
+
+def load_average() -> float | None:
+    """1-minute load average (a busy machine explains noisy figures)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def machine_line(m: dict[str, Any]) -> str:
@@ -228,6 +237,11 @@ def machine_line(m: dict[str, Any]) -> str:
         f"redis-server {m['redis_server']} ({m['server']}); redis-py {m['redis_py']}, "
         f"hiredis {hiredis}; FastStream {m['faststream']}; redisbus {m['redisbus']}"
         + (f" @ {m['commit']}" if m.get("commit") else "")
+        + (
+            f"; load average {m['load_start']} at start, {m['load_end']} at end"
+            if m.get("load_end") is not None
+            else ""
+        )
     )
 
 
