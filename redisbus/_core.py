@@ -58,6 +58,11 @@ _INT_LIMITS = frozenset(
 )
 
 
+# "outcome" and "control" are written only by the bus itself (complete/fail/cancel/lost):
+# a sender could otherwise forge a cancellation.
+SENDABLE_TYPES = MESSAGE_TYPES - {"outcome", "control"}
+
+
 def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
@@ -236,8 +241,8 @@ def plan_send(
     mode, names = check.recipients(to)
     text_body = check.body(body)
     subj = check.text(subject, "subject")
-    if not isinstance(type, str) or type not in MESSAGE_TYPES:
-        raise InvalidInput(f"type must be one of {sorted(MESSAGE_TYPES)}, got {type!r}")
+    if not isinstance(type, str) or type not in SENDABLE_TYPES:
+        raise InvalidInput(f"type must be one of {sorted(SENDABLE_TYPES)}, got {type!r}")
     prio = check.integer(priority, "priority", 0, 2)
     rt = ""
     if reply_to is not None:

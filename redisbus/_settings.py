@@ -59,7 +59,10 @@ class BusSettings(BaseSettings):
     # -- delivery -----------------------------------------------------------------------------
     wait_timeout_s: float = Field(default=30.0, gt=0, le=MAX_WAIT_S)
     lease_s: float = Field(default=60.0, gt=0, description="redelivery lease of a fetched message")
-    heartbeat_s: float = Field(default=5.0, gt=0)
+    heartbeat_s: float = Field(default=5.0, gt=0, description="replica heartbeat period")
+    agent_lease_s: float = Field(
+        default=15.0, gt=0, description="an agent none of whose replicas beat for this long is lost"
+    )
     max_deliveries: int = Field(default=5, ge=1, description="then the message is dead-lettered")
     durable: bool = Field(default=False, description="send() waits for a replica (WAIT)")
     durable_replicas: int = Field(default=1, ge=1)

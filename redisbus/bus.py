@@ -6,8 +6,10 @@ All planning and parsing lives in ``_core``; this module only talks to Redis and
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -24,6 +26,8 @@ from ._settings import BusSettings
 from .metrics import NOOP, BusMetrics
 
 __all__ = ["Agent", "Bus", "Channel"]
+
+log = logging.getLogger("redisbus")
 
 
 class _IO:
@@ -88,7 +92,7 @@ class _IO:
         settle: list[str] | None,
     ) -> tuple[list[tuple[str, dict[str, str] | None]], int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip."""
-        settle_keys = [keys.stream, keys.inbox, keys.marks]
+        settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         for _ in range(3):
             try:
                 if self.cluster:
@@ -100,7 +104,7 @@ class _IO:
                 else:
                     pipe = self.r.pipeline(transaction=False)
                     if settle:
-                        pipe.evalsha(self.load("settle"), 3, *settle_keys, group, *settle)
+                        pipe.evalsha(self.load("settle"), 4, *settle_keys, group, *settle)
                     pipe.xreadgroup(group, consumer, {keys.stream: cursor}, count=500, block=block_ms)
                     pipe.time()
                     out = self.call(pipe.execute)
@@ -117,6 +121,58 @@ class _IO:
             now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         entries = res[0][1] if res else []
         return entries, now_ms
+
+
+class _Heart:
+    """One thread per Bus: heartbeats of its local agents' replicas, and reaping of lost agents.
+
+    Every ``heartbeat_s`` it renews each local replica's lease and writes the status the agent
+    wants shown; agents none of whose replicas renewed within ``agent_lease_s`` are reported
+    lost to their parents (beat.lua and outcome.lua make this safe on many hosts at once).
+    """
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.agents: dict[str, dict[str, Agent]] = {}  # stream key -> name -> handle
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def add(self, agent: Agent) -> None:
+        with self.lock:
+            self.agents.setdefault(agent._keys.stream, {})[agent.name] = agent
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="redisbus-heartbeat", daemon=True)
+                self.thread.start()
+
+    def remove(self, agent: Agent) -> None:
+        with self.lock:
+            self.agents.get(agent._keys.stream, {}).pop(agent.name, None)
+
+    def _run(self) -> None:
+        s = self.bus.settings
+        while not self.stop.wait(s.heartbeat_s):
+            try:
+                self.beat()
+            except RedisbusError:
+                continue  # the next beat retries; a lost lease is what the reaper is for
+
+    def beat(self) -> None:
+        with self.lock:
+            groups = [(dict(v)) for v in self.agents.values() if v]
+        io = self.bus._io
+        lease_ms = int(self.bus.settings.agent_lease_s * 1000)
+        for agents in groups:
+            first = next(iter(agents.values()))
+            k = first._keys
+            argv: list[Any] = [lease_ms]
+            for a in agents.values():
+                argv += [a.name, a.replica, a._want_status or ""]
+                a._want_status = None
+            for name in io.script("beat", [k.beat, k.status], argv):
+                reply = io.script("outcome", [k.stream, k.parents, k.status, k.inbox],
+                                  ["lost", name, name, "no replica heartbeat within the lease"])
+                core.raise_if_refused(reply)
 
 
 class Bus:
@@ -138,6 +194,7 @@ class Bus:
         )
         self._owned = owned  # an embedded server to stop on close
         self._closed = False
+        self._heart = _Heart(self)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -192,6 +249,30 @@ class Bus:
     def channels(self) -> list[str]:
         return sorted(self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
 
+    # -- follow-up turns --------------------------------------------------------------------
+    def serve(
+        self,
+        handlers: Mapping[Agent, Callable[[Agent, Message], Any]],
+        *,
+        stop: threading.Event | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        """Run ``handler(agent, message)`` for each new message of each idle (or completed)
+        agent: the follow-up turn. A message is marked done only after its handler returns,
+        so a crash mid-handler leaves it pending for redelivery (at-least-once); a handler
+        that raises leaves it pending too. Blocks until ``stop`` is set or every served agent
+        is cancelled or failed."""
+        stop = stop or threading.Event()
+        threads = [
+            threading.Thread(target=_serve_one, args=(a, h, stop, poll_s), daemon=True,
+                             name=f"redisbus-serve-{a.name}")
+            for a, h in handlers.items()
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
     # -- lifecycle --------------------------------------------------------------------------
     def ping(self) -> bool:
         return bool(self._io.call(self._io.r.ping))
@@ -200,6 +281,7 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        self._heart.stop.set()
         try:
             self._io.r.close()
         finally:
@@ -235,7 +317,10 @@ class Channel:
         *,
         description: str = "",
         skills: Iterable[str] = (),
+        slots: Any = None,
     ) -> Agent:
+        """Join as ``name`` (or attach one more replica of it). ``slots``: an optional
+        semaphore shared by a team's agents, released while this agent waits."""
         s = self.bus.settings
         agent = check.agent_name(name, int(self.config.limits.get("max_name_chars", 128)))
         if parent is not None:
@@ -254,7 +339,10 @@ class Channel:
         )
         core.raise_if_refused(reply)
         _, agent_id, depth, parent_name, _status, _created = reply
-        return Agent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
+        handle = Agent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
+        handle.slots = slots
+        self.bus._heart.add(handle)
+        return handle
 
     def members(self) -> dict[str, Member]:
         r = self.bus._io.r
@@ -315,6 +403,11 @@ class Agent:
                            channel.keys.rate, channel.keys.idem]
         self._deferred: list[str] = []
         self._recovered = False
+        self._held: list[Message] = []  # fetched while waiting for children; returned next
+        self._handed: set[str] = set()  # ids returned to this handle and not yet done
+        self._cancelled = False
+        self._want_status: str | None = None
+        self.slots: Any = None
 
     def __repr__(self) -> str:
         return f"<Agent {self.name!r} on {self.channel.name!r}>"
@@ -408,6 +501,7 @@ class Agent:
         msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview)
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
+            self._handed.update(m.id for m in mine)
             if mine:
                 self._bus.metrics.received(len(mine))
         return msgs
@@ -416,7 +510,7 @@ class Agent:
         if not self._deferred:
             return []
         k = self._keys
-        return [("settle", [k.stream, k.inbox, k.marks], [self.name, *self._deferred])]
+        return [("settle", [k.stream, k.inbox, k.marks, k.status], [self.name, *self._deferred])]
 
     def flush(self) -> None:
         """Write pending bookkeeping (read marks, acks of others' entries) now."""
@@ -425,29 +519,58 @@ class Agent:
             self._bus._io.scripts(calls)
             self._deferred.clear()
 
-    def wait(self, timeout: float | None = None) -> WaitResult:
-        """Block until a message for this agent, a child's outcome, a cancellation, or timeout."""
+    def wait(self, timeout: float | None = None, *, status: str = "waiting") -> WaitResult:
+        """Block until a message for this agent, a child's outcome, its own cancellation, or
+        the timeout (default 30 s, at most 300 s). Never polls: one blocking read at a time.
+
+        While blocked the agent shows ``status`` ("waiting", or "idle" for a served agent) and
+        releases its concurrency slot, if it has one.
+        """
         t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        if self._cancelled:
+            return WaitResult("cancelled", [])
+        if self._held:
+            msgs, self._held = self._held, []
+            return WaitResult(core.wait_kind(self.name, msgs), msgs)
         deadline = time.monotonic() + t
         if not self._recovered:
             self._recovered = True
             msgs = self._take(*self._fetch("0", None), redelivered=True)
             if msgs:
-                return WaitResult(core.wait_kind(self.name, msgs), msgs)
-        while True:
-            remaining = deadline - time.monotonic()
-            block_ms: int | None = int(min(remaining, 5.0) * 1000)
-            if t == 0:
-                block_ms = None
-            elif block_ms is not None and block_ms < 1:
-                self.flush()
-                return WaitResult("timeout", [])
-            msgs = self._take(*self._fetch(">", block_ms))
-            if msgs:
-                return WaitResult(core.wait_kind(self.name, msgs), msgs)
-            if t == 0:
-                self.flush()
-                return WaitResult("timeout", [])
+                return self._result(msgs)
+        released = False
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                block_ms: int | None = int(min(remaining, 5.0) * 1000)
+                if t == 0:
+                    block_ms = None
+                elif block_ms is not None and block_ms < 1:
+                    self._deferred += ["s", "running"]
+                    self.flush()
+                    return WaitResult("timeout", [])
+                if block_ms and not released:
+                    self._deferred += ["s", status]
+                    self._want_status = "running"
+                    if self.slots is not None:
+                        self.slots.release()
+                        released = True
+                msgs = self._take(*self._fetch(">", block_ms))
+                if msgs:
+                    return self._result(msgs)
+                if t == 0:
+                    self.flush()
+                    return WaitResult("timeout", [])
+        finally:
+            if released:
+                self.slots.acquire()
+
+    def _result(self, msgs: list[Message]) -> WaitResult:
+        self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
+        kind = core.wait_kind(self.name, msgs)
+        if kind == "cancelled":
+            self._cancelled = True
+        return WaitResult(kind, msgs)
 
     def _fetch(self, cursor: str, block_ms: int | None) -> tuple[list[Any], int]:
         settle = list(self._deferred) if self._deferred else None
@@ -469,10 +592,16 @@ class Agent:
             if core.expired_at(entry_id, f, now_ms):
                 self._deferred += ["x", entry_id]
                 continue
+            if redelivered and entry_id in self._handed:
+                continue  # this handle already returned it (by read); not a redelivery
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
-            out.append(core.message_from_fields(self.channel.name, entry_id, f, read=True))
-            self._deferred += ["r", entry_id]
+            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True)
+            out.append(msg)
+            if msg.type != "control":
+                self._handed.add(entry_id)
+            # control messages are consumed on sight; the others become read
+            self._deferred += ["d" if msg.type == "control" else "r", entry_id]
         if out:
             metrics.received(len(out))
             if redelivered:
@@ -492,6 +621,7 @@ class Agent:
         ]
         flags = [int(x) for x in self._bus._io.scripts(calls)[-1]]
         self._deferred.clear()
+        self._handed.difference_update(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
             raise InvalidInput(f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}")
@@ -510,6 +640,62 @@ class Agent:
         cfg = self.channel.config
         return core.roster_of(self.name, self.channel.members(), cfg.routing, cfg.siblings)
 
+    def complete(self, summary: str = "") -> str | None:
+        """Finish: status ``completed``; the summary reaches the parent as an outcome message.
+        A completed agent can still receive (a message to it is a follow-up)."""
+        return self._outcome("complete", self.name, summary)
+
+    def fail(self, error: str = "") -> str | None:
+        """Finish with an error: the parent gets a ``failed`` outcome; descendants are cancelled."""
+        out = self._outcome("fail", self.name, error)
+        self._bus._heart.remove(self)
+        return out
+
+    def cancel(self, child: str, reason: str = "") -> str | None:
+        """Cancel a direct child and its whole subtree, on every host. Parents only."""
+        return self._outcome("cancel", check.name(child, "child"), reason)
+
+    def _outcome(self, op: str, target: str, text: str) -> str | None:
+        body = check.body(check.text(text, "text", 32768, allow_newlines=True))
+        k = self._keys
+        self.flush()
+        reply = self._bus._io.script(
+            "outcome", [k.stream, k.parents, k.status, k.inbox], [op, self.name, target, body]
+        )
+        core.raise_if_refused(reply)
+        if reply[1]:
+            self._bus.metrics.sent("outcome")
+        return str(reply[1]) or None
+
+    def children(self) -> dict[str, str]:
+        """Direct children and their statuses."""
+        return {m.name: m.status for m in self.channel.members().values() if m.parent == self.name}
+
+    def wait_children(self, timeout: float | None = None) -> list[Message]:
+        """Wait until every direct child has an outcome (completed, failed, cancelled, lost), or
+        the timeout; return the outcome messages received. Other messages that arrive meanwhile
+        are kept for the next ``wait()``."""
+        t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        deadline = time.monotonic() + t
+        outcomes: list[Message] = []
+        terminal = ("completed", "failed", "cancelled", "lost")
+        while True:
+            open_children = [n for n, st in self.children().items() if st not in terminal]
+            remaining = deadline - time.monotonic()
+            if not open_children or remaining <= 0:
+                # collect outcomes already in the stream without blocking
+                res = self.wait(0)
+                self._sort(res.messages, outcomes)
+                return outcomes
+            res = self.wait(min(remaining, 1.0))
+            if res.kind == "cancelled":
+                return outcomes
+            self._sort(res.messages, outcomes)
+
+    def _sort(self, messages: list[Message], outcomes: list[Message]) -> None:
+        for m in messages:
+            (outcomes if m.type == "outcome" else self._held).append(m)
+
     def discover(self, query: str = "", limit: int = 20) -> list[Member]:
         """Reachable members ranked by how well their cards (description, skills) match."""
         q = check.text(query, "query", 512)
@@ -517,7 +703,27 @@ class Agent:
         return core.rank_cards(q, self.agents(), lim)
 
     def close(self) -> None:
+        """Stop heartbeating for this handle and write pending bookkeeping."""
+        self._bus._heart.remove(self)
         self.flush()
+
+
+def _serve_one(
+    agent: Agent, handler: Callable[[Agent, Message], Any], stop: threading.Event, poll_s: float
+) -> None:
+    while not stop.is_set():
+        res = agent.wait(poll_s, status="idle")
+        if res.kind == "cancelled":
+            return
+        for m in res.messages:
+            if m.type == "control":
+                continue
+            try:
+                handler(agent, m)
+            except Exception:  # the message stays pending: redelivered after its lease
+                log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
+                continue
+            agent.mark_done(m)
 
 
 def _ids(message: Any) -> list[str]:

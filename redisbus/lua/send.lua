@@ -52,6 +52,9 @@ if bad_text(subject) then return refuse('invalid_input', 'subject has control ch
 if not string.find(mtype, '^[a-z_]+$') or #mtype > 32 then
   return refuse('invalid_input', 'bad message type')
 end
+if mtype == 'outcome' or mtype == 'control' then
+  return refuse('invalid_input', 'outcome and control messages are written by the bus only')
+end
 if prio ~= '0' and prio ~= '1' and prio ~= '2' then
   return refuse('invalid_input', 'priority must be 0, 1 or 2')
 end

@@ -1,0 +1,91 @@
+-- outcome.lua: an agent's end (complete, fail), its cancellation by its parent, or its loss
+-- (no replica heartbeat within the lease). Outcomes flow to the parent as attributed messages.
+--
+-- KEYS[1] stream  KEYS[2] parents  KEYS[3] status  KEYS[4] inbox
+-- ARGV[1] op: "complete" | "fail" | "cancel" | "lost"
+-- ARGV[2] actor: the agent calling (for "cancel", the parent; otherwise the agent itself)
+-- ARGV[3] target agent   ARGV[4] text: summary, error or reason
+--
+-- returns {0, code, message}   refused
+--      or {1, outcome entry id or "", control entry id or "", cancelled count}
+--
+-- "fail", "cancel" and "lost" cancel the target's descendants: their status becomes
+-- "cancelled" and one control message (subject "cancel") wakes every one of them, on any host.
+-- Only the subtree root's outcome reaches a surviving parent; the descendants' parents are
+-- themselves cancelled. Outcomes and control messages bypass caps and rates: they are never lost.
+
+local stream, parents, status, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local op, actor, target, text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local st = redis.call('HGET', status, target)
+if not st then return {0, 'unknown_agent', 'no such agent: ' .. target} end
+local parent = redis.call('HGET', parents, target) or ''
+local open = (st == 'running' or st == 'waiting' or st == 'idle' or st == 'completed')
+
+if op == 'cancel' then
+  if parent ~= actor then
+    return {0, 'not_permitted', 'only the parent of ' .. target .. ' may cancel it'}
+  end
+  if not open then return {1, '', '', 0} end
+elseif op == 'lost' then
+  if not open or st == 'completed' then return {1, '', '', 0} end
+else
+  if actor ~= target then return {0, 'not_permitted', 'an agent reports only its own outcome'} end
+  if st == 'failed' or st == 'cancelled' or st == 'lost' then
+    return {0, 'agent_closed', target .. ' is already ' .. st}
+  end
+end
+
+local new_status = ({complete = 'completed', fail = 'failed', cancel = 'cancelled', lost = 'lost'})[op]
+if not new_status then return {0, 'invalid_input', 'unknown op ' .. op} end
+redis.call('HSET', status, target, new_status)
+
+-- descendants to cancel (not for "complete": a completed agent's children live on)
+local victims = {}
+if op ~= 'complete' then
+  local flat = redis.call('HGETALL', parents)
+  local children = {}
+  for i = 1, #flat, 2 do
+    local p = flat[i + 1]
+    if p ~= '' then
+      children[p] = children[p] or {}
+      table.insert(children[p], flat[i])
+    end
+  end
+  local queue, head = {target}, 1
+  while queue[head] do
+    local n = queue[head]
+    head = head + 1
+    for _, c in ipairs(children[n] or {}) do
+      local cs = redis.call('HGET', status, c)
+      if cs == 'running' or cs == 'waiting' or cs == 'idle' or cs == 'completed' then
+        redis.call('HSET', status, c, 'cancelled')
+        victims[#victims + 1] = c
+      end
+      queue[#queue + 1] = c
+    end
+  end
+end
+
+-- one control message wakes the cancelled subtree (the target too, when it was cancelled)
+local wake = {}
+if op == 'cancel' or op == 'lost' then wake[1] = target end
+for _, v in ipairs(victims) do wake[#wake + 1] = v end
+local control_id = ''
+if #wake > 0 then
+  control_id = redis.call('XADD', stream, '*', 'f', actor, 't', table.concat(wake, '\n'),
+    'b', text, 's', 'cancel', 'k', 'control')
+  for _, w in ipairs(wake) do redis.call('HINCRBY', inbox, w, 1) end
+end
+
+-- the outcome, attributed to the target, to a parent that can still receive it
+local outcome_id = ''
+if parent ~= '' then
+  local ps = redis.call('HGET', status, parent)
+  if ps == 'running' or ps == 'waiting' or ps == 'idle' or ps == 'completed' then
+    outcome_id = redis.call('XADD', stream, '*', 'f', target, 't', parent, 'b', text,
+      's', new_status, 'k', 'outcome')
+    redis.call('HINCRBY', inbox, parent, 1)
+  end
+end
+return {1, outcome_id, control_id, #victims}
