@@ -276,6 +276,57 @@ def recipients(to: str) -> str | list[str]:
     return to
 
 
+RoutingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--routing",
+        envvar="REDISBUS_ROUTING",
+        help="open | family: only used when this command creates the channel.",
+    ),
+]
+
+
+@app.command()
+def join(
+    channel: ChannelArg,
+    agent: AsOpt,
+    parent: ParentOpt = None,
+    description: Annotated[
+        str, typer.Option("--description", envvar="REDISBUS_DESCRIPTION", help="Agent card.")
+    ] = "",
+    skills: Annotated[
+        list[str] | None, typer.Option("--skill", help="Agent card skill (repeatable).")
+    ] = None,
+    routing: RoutingOpt = None,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """Join --as NAME to a channel (creating the channel if needed), so others can address it."""
+    with connect(url, prefix, cluster) as bus:
+        ch = bus.channel(channel, routing=routing)
+        replica = bus.settings.replica or f"{bus.settings.host}/cli"
+        me = ch.join(
+            agent, parent=parent, replica=replica, description=description, skills=skills or ()
+        )
+        if as_json:
+            write_json(
+                {
+                    "channel": ch.name,
+                    "name": me.name,
+                    "id": me.id,
+                    "depth": me.depth,
+                    "parent": me.parent,
+                }
+            )
+        else:
+            err.print(
+                f"{me.name} ({me.id}) is a member of {ch.name}, depth {me.depth}"
+                + (f", parent {me.parent}" if me.parent else "")
+            )
+
+
 @app.command()
 def send(
     channel: ChannelArg,
@@ -304,14 +355,7 @@ def send(
             help="Wait up to this many seconds for the recipient to fetch it.",
         ),
     ] = None,
-    routing: Annotated[
-        str | None,
-        typer.Option(
-            "--routing",
-            envvar="REDISBUS_ROUTING",
-            help="open | family: only used when this send creates the channel.",
-        ),
-    ] = None,
+    routing: RoutingOpt = None,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
@@ -863,7 +907,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if type(e).__name__ == "NoArgsIsHelpError":
             sys.stdout.write(typer.main.get_command(app).get_help(_context()) + "\n")
             sys.exit(0)
-        text = getattr(e, "format_message", lambda: str(e))()
+        text = e.format_message() if hasattr(e, "format_message") else str(e)
         fail(f"{one_line(Exception(text))} (see --help)", 2)
     except (typer.Abort, click.Abort, KeyboardInterrupt):
         fail("interrupted", 130)

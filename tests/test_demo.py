@@ -1,0 +1,79 @@
+"""``redisbus demo``: the seed-000 team across OS processes, run as ``make demo`` runs it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from redisbus import Bus, BusSettings
+from redisbus.demo import percentile
+from tests.test_cli import BIN, clean_env
+
+
+def run_demo(url: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BIN, "demo", "--fast", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(url),
+    )
+
+
+def test_demo_with_no_redis_configured_runs_the_whole_production() -> None:
+    p = run_demo(None)
+
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    out = p.stdout
+    assert "embedded redis-server" in out
+    assert "4 OS processes" in out
+    for host in ("host-b", "host-c", "host-d"):
+        assert f"joined from {host}" in out
+    # the rounds of the seed, in order
+    rounds = [
+        "[kickoff]",
+        "[script v1]",
+        "Need descriptions of main character's outfit",
+        "Added wardrobe notes in v2",
+        "Let's go with neo-80s aesthetic",
+        "[script final]",
+        "[designs]",
+        "[panel 4]",
+        "[final review]",
+        "[wrap]",
+    ]
+    positions = [out.index(r) for r in rounds]
+    assert positions == sorted(positions)
+    # one refusal, shown as a typed refusal with its retry time, then the panel resent
+    assert re.search(
+        r"REFUSED storyboard → director \[panel 4\]: rate_limited .*retry after "
+        r"0\.\d\d s",
+        out,
+    )
+    # the summary: every receipt done, and the latency percentiles
+    assert re.search(r"16 messages, 30 receipts: 0 queued, 0 delivered, 0 read, 30 done", out)
+    assert re.search(
+        r"send → delivery latency over 30 deliveries: p50 (<1|\d+) ms, "
+        r"p99 (<1|\d+) ms",
+        out,
+    )
+    assert "Traceback" not in out + p.stderr
+
+
+def test_demo_uses_the_configured_redis_with_two_processes(redis_url: str) -> None:
+    p = run_demo(redis_url, "--agents-procs", "1")
+
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    assert "embedded" not in p.stdout and "2 OS processes" in p.stdout
+    with Bus.from_url(redis_url, settings=BusSettings(metrics=False)) as bus:
+        assert [c for c in bus.channels() if c.startswith("neon-dreams-")]
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+
+    assert (percentile(values, 50), percentile(values, 99), percentile([7.0], 99)) == (
+        50.0,
+        99.0,
+        7.0,
+    )
