@@ -723,6 +723,62 @@ def resume(
         err.print(f"{channel}: resumed")
 
 
+dlq = typer.Typer(
+    help="Dead letters: messages delivered too many times without being done.", no_args_is_help=True
+)
+app.add_typer(dlq, name="dlq")
+
+
+def _dlq_of(ch: Channel) -> Any:
+    if not hasattr(ch, "dead_letters"):  # the core's dead-letter API arrived after this CLI
+        raise Exit("`redisbus dlq` is not available yet: this core has no dead letters", 1)
+    return ch
+
+
+@dlq.command("list")
+def dlq_list(
+    channel: ChannelArg,
+    limit: LimitOpt = 100,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """The channel's dead letters, oldest first."""
+    with connect(url, prefix, cluster) as bus:
+        letters = _dlq_of(existing_channel(bus, channel)).dead_letters(limit=limit)
+        if as_json:
+            write_json([d.as_dict() for d in letters])
+            return
+        if not letters:
+            err.print("no dead letters")
+            return
+        for d in letters:
+            out.print(
+                Text.assemble(
+                    (f"{d.id}  ", "bold red"),
+                    f"for {safe(d.recipient)} after {d.deliveries} "
+                    f"deliveries ({safe(d.reason)}), dead at {clock(d.dead_at)}",
+                )
+            )
+            out.print(message_text(d.message))
+
+
+@dlq.command("replay")
+def dlq_replay(
+    channel: ChannelArg,
+    ids: Annotated[list[str], typer.Argument(help="Dead letter id(s).", show_default=False)],
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """Give dead letters back to their recipients as new messages (prints the new ids)."""
+    with connect(url, prefix, cluster) as bus:
+        ch = _dlq_of(existing_channel(bus, channel))
+        for dead_id in ids:
+            sys.stdout.write(f"{dead_id} -> {ch.replay(dead_id)}\n")
+
+
 # -- running ----------------------------------------------------------------------------------
 
 
@@ -834,7 +890,7 @@ def _root(
 # They are imported only when their command runs, so a one-shot `redisbus send` stays fast and
 # a missing optional dependency (the `mcp` SDK) breaks only its own command.
 PLUGINS: dict[str, tuple[str, str]] = {
-    "dlq": ("redisbus.dlq", "List and replay dead letters."),
+    "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
     "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
 }

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -272,6 +273,29 @@ def test_message_text_is_shown_not_obeyed_by_the_terminal(team: Run) -> None:
     p = ok(team("read", CH, "--as", "designer"))
 
     assert "\x1b" not in p.stdout and "\\x1b[2Jcleared?" in p.stdout
+
+
+def test_dlq_lists_and_replays_a_dead_letter(cli: Run, redis_url: str) -> None:
+    with Bus.from_url(redis_url, settings=BusSettings(metrics=False)) as bus:
+        ch = bus.channel(CH, lease_s=0.05, max_deliveries=1)
+        if not hasattr(ch, "dead_letters"):
+            pytest.skip("this core has no dead letters yet")
+        writer = ch.join("writer")
+        crashed = ch.join("designer", replica="host-a/1")
+        writer.send("designer", "a turn that crashed")
+        assert crashed.wait(timeout=2).messages  # fetched, never done: its replica "dies"
+        time.sleep(0.2)  # the lease runs out
+        ch.join("designer", replica="host-b/1").wait(timeout=0.2)  # reclaims: dead-lettered
+
+    (dead,) = as_json(cli("dlq", "list", CH, "--json"))
+    assert (dead["recipient"], dead["message"]["body"]) == ("designer", "a turn that crashed")
+    assert "a turn that crashed" in ok(cli("dlq", "list", CH)).stdout
+
+    replayed = ok(cli("dlq", "replay", CH, dead["id"])).stdout.split()
+    assert replayed[:2] == [dead["id"], "->"]
+    (again,) = as_json(cli("read", CH, "--as", "designer", "--json"))
+    assert (again["id"], again["body"]) == (replayed[2], "a turn that crashed")
+    assert "no dead letter" in one_line_failure(cli("dlq", "replay", CH, "1-0"), 2)
 
 
 # -- failures: one line, a non-zero status, never a traceback ---------------------------------
