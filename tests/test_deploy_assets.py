@@ -325,6 +325,9 @@ def test_compose_runs_redis_exporter_two_agent_hosts_prometheus_and_grafana() ->
     assert services["exporter"]["command"] == ["exporter"]
     hosts = {services[a]["environment"]["REDISBUS_HOST"] for a in ("agent-a", "agent-b")}
     assert hosts == {"host-a", "host-b"}
+    for agent in ("agent-a", "agent-b"):
+        assert services[agent]["entrypoint"] == ["python", "/app/agent_host.py"]
+    assert "COPY deploy/agent_host.py" in (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
     # every bind-mounted file exists, and published ports are on loopback only
     for name, svc in services.items():
         for volume in svc.get("volumes", []):
@@ -725,3 +728,96 @@ def test_prometheus_scrapes_bus_metrics_and_every_query_returns_data(tmp_path: P
         for s in (*servers, exporter):
             s.shutdown()
             s.server_close()
+
+
+@pytest.fixture
+def bus_redis(tmp_path: Path) -> Iterator[str]:
+    """A plain Redis on a free loopback port for the agent hosts; yields its URL."""
+    binaries = redis_binaries()
+    binary = binaries[0] if binaries else require_tool("redis-server")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
+            *("--appendonly", "no", "--dir", str(tmp_path)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"{binary} did not start")
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_two_agent_host_processes_on_a_real_bus_show_latency_per_host(
+    tmp_path: Path, bus_redis: str
+) -> None:
+    # given two agent host processes on one Redis; host-b fetches far less often
+    read_interval = {"host-a": "0.05", "host-b": "1.5"}
+    ports = {host: free_port() for host in read_interval}
+    procs = {
+        host: subprocess.Popen(
+            [
+                *(sys.executable, str(DEPLOY / "agent_host.py"), "--rate", "10"),
+                *("--metrics-port", str(ports[host]), "--metrics-addr", "127.0.0.1"),
+                *("--read-interval-s", read_interval[host], "--duration-s", "90"),
+            ],
+            env={**os.environ, "REDISBUS_URL": bus_redis, "REDISBUS_HOST": host},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for host in read_interval
+    }
+    exporter = serve_metrics(0, "127.0.0.1", fleet_registry())[0]
+    url, stop_prometheus = start_prometheus(
+        tmp_path,
+        {
+            "redisbus-agents": [f"127.0.0.1:{p}" for p in ports.values()],
+            "redisbus-exporter": [f"127.0.0.1:{exporter.server_port}"],
+        },
+        rule_files=[ALERTS],
+    )
+    try:
+        # when both hosts have fetched messages for a few scrapes
+        rate_expr = "sum by (host) (rate(redisbus_delivery_latency_seconds_count[1m])) > 0"
+        deadline = time.monotonic() + 45
+        while len(query(url, rate_expr)) < 2:
+            for host, p in procs.items():
+                assert p.poll() is None, f"{host} exited: {p.stdout.read() if p.stdout else ''}"
+            assert time.monotonic() < deadline, "no delivery rate for both hosts"
+            time.sleep(0.25)
+
+        # then every dashboard query returns data
+        for title, expr in dashboard_queries():
+            assert wait_for_data(url, expr, timeout_s=15), title
+
+        # and the two hosts' latencies are told apart, with the fleet's in between
+        p50 = f"histogram_quantile(0.5, sum by (le, host) (rate({LATENCY_BUCKET}[1m])))"
+        per_host = {r["metric"]["host"]: float(r["value"][1]) for r in query(url, p50)}
+        assert set(per_host) == {"host-a", "host-b"}
+        assert per_host["host-a"] < per_host["host-b"], per_host
+        fleet = f"histogram_quantile(0.5, sum by (le) (rate({LATENCY_BUCKET}[1m])))"
+        (aggregate,) = query(url, fleet)
+        assert per_host["host-a"] <= float(aggregate["value"][1]) <= per_host["host-b"]
+    finally:
+        for p in procs.values():
+            p.terminate()
+        codes = {host: p.wait(timeout=30) for host, p in procs.items()}
+        stop_prometheus()
+        exporter.shutdown()
+        exporter.server_close()
+    # and SIGTERM stops an agent host cleanly
+    assert codes == {"host-a": 0, "host-b": 0}
