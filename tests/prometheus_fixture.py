@@ -1,6 +1,6 @@
 """A real Prometheus for tests, and the queries the dashboard and the alert rules run.
 
-``start_prometheus`` runs the ``prometheus`` binary (``scripts/ensure-prometheus.sh``
+``start_prometheus`` runs the ``prometheus`` binary (``scripts/ensure-tools.sh``
 installs it) on a free loopback port with a 1 s scrape interval and its storage under the
 test's ``tmp_path``. ``query`` and ``wait_for_data`` use the HTTP API with urllib only.
 ``dashboard_queries`` and ``alert_queries`` read every expression out of the committed
@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "grafana" / "dashboards" / "redisbus.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
-ENSURE = "scripts/ensure-prometheus.sh"
+ENSURE = "scripts/ensure-tools.sh"
 
 
 def require_tool(name: str) -> str:

@@ -3,7 +3,7 @@ ACL are code: each is checked here with the tool that would run it (promtool, do
 schema, the Kubernetes schemas, real Redis servers, a real Prometheus).
 
 A missing tool skips a test on a developer's machine and fails it in CI;
-``scripts/ensure-deploy-tools.sh`` installs them.
+``scripts/ensure-tools.sh`` installs them.
 """
 
 from __future__ import annotations
