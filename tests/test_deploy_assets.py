@@ -849,3 +849,21 @@ def test_every_redisbus_variable_in_the_manifests_is_a_setting() -> None:
     # passwords handed to the Redis container to render the ACL are not client settings
     used -= {"REDISBUS_AGENT_PASSWORD", "REDISBUS_EXPORTER_PASSWORD"}
     assert used - fields <= NON_BUS_SETTINGS, used - fields - NON_BUS_SETTINGS
+
+
+def test_scripts_parse_and_ensure_prometheus_is_a_no_op_once_installed() -> None:
+    scripts = sorted((ROOT / "scripts").glob("*.sh"))
+    assert {p.name for p in scripts} >= {"ensure-prometheus.sh", "ensure-tools.sh"}
+    for path in [*scripts, REDIS_DIR / "render-acl.sh"]:
+        shell = "sh" if path.name == "render-acl.sh" else "bash"  # the redis image has no bash
+        result = subprocess.run([shell, "-n", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0, (path.name, result.stderr)
+    require_tool("promtool")
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "ensure-prometheus.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("prometheus: prometheus, version")
