@@ -21,6 +21,7 @@ from ._filters import Filter, later_id, parse_filter, parse_since
 from ._keys import ChannelKeys
 from ._model import (
     MESSAGE_TYPES,
+    DeadLetter,
     Member,
     Message,
     Receipt,
@@ -467,3 +468,45 @@ def rank_cards(query: str, roster: Roster, limit: int) -> list[Member]:
             scored.append((-score, pos, m))
     scored.sort(key=lambda t: (t[0], t[1]))
     return [m for _, _, m in scored[:limit]]
+
+
+def parse_dead_letters(channel: str, entries: Sequence[Any]) -> list[DeadLetter]:
+    out = []
+    for entry_id, f in entries:
+        orig = f.get("o", "0-0")
+        out.append(
+            DeadLetter(
+                id=entry_id,
+                original_id=orig,
+                recipient=f.get("a", ""),
+                deliveries=int(f.get("n", "0")),
+                reason=f.get("w", ""),
+                dead_at=ms_to_dt(int(f["dead_ms"])) if f.get("dead_ms") else None,
+                message=message_from_fields(channel, orig, f, read=False),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    trimmed: int = 0
+    dead_lettered: int = 0
+    consumers_removed: int = 0
+    expired_undone: int = 0
+
+
+def with_durable(result: Receipt | list[Receipt], reached: bool) -> Any:
+    from dataclasses import replace
+
+    if isinstance(result, list):
+        return [replace(r, durable=reached) if r.id else r for r in result]
+    return replace(result, durable=reached)
+
+
+def rejected_receipt(plan: SendPlan, err: RedisbusError) -> Receipt | list[Receipt]:
+    """A refused send in a batch: the error as a receipt instead of an exception."""
+    if plan.mode == "one":
+        return Receipt(id=None, to=plan.names[0], status="rejected", error=err)
+    names = plan.names or ["all"]
+    return [Receipt(id=None, to=n, status="rejected", error=err) for n in names]

@@ -93,6 +93,7 @@ class Receipt:
     read_at: datetime | None = None
     done_at: datetime | None = None
     result: str | None = None
+    durable: bool | None = None  # with durable=True: did WAIT reach the replicas asked for?
 
     @property
     def ok(self) -> bool:
@@ -111,6 +112,30 @@ class Receipt:
             "delivered_at": iso(self.delivered_at),
             "read_at": iso(self.read_at),
             "done_at": iso(self.done_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message moved to its channel's dead-letter stream after too many deliveries."""
+
+    id: str
+    original_id: str
+    recipient: str
+    deliveries: int
+    reason: str
+    dead_at: datetime | None
+    message: Message
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "original_id": self.original_id,
+            "recipient": self.recipient,
+            "deliveries": self.deliveries,
+            "reason": self.reason,
+            "dead_at": self.dead_at.isoformat() if self.dead_at else None,
+            "message": self.message.as_dict(),
         }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-NAMES = ("channel", "join", "send", "view", "settle", "done", "receipt", "status", "claim")
+NAMES = ("beat", "channel", "claim", "done", "join", "outcome", "receipt", "replay", "send", "settle", "sweep", "view")
 
 
 @cache

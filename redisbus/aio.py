@@ -6,6 +6,7 @@ All planning and parsing lives in ``_core``; this module only talks to Redis and
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from . import _core as core
 from . import _validate as check
 from ._errors import InvalidInput, RedisbusError
 from ._keys import ChannelKeys, registry_key
-from ._model import Member, Message, Receipt, Roster, WaitResult, id_ms
+from ._model import DeadLetter, Member, Message, Receipt, Roster, WaitResult, id_ms
 from ._redis import async_client, backoff_s, classify
 from ._scripts import source
 from ._settings import BusSettings
@@ -77,15 +78,61 @@ class _IO:
             return [await self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
             shas = [await self.load(n) for n, _, _ in calls]
-            pipe = self.r.pipeline(transaction=False)
-            for sha, (_, k, a) in zip(shas, calls, strict=True):
-                pipe.evalsha(sha, len(k), *k, *a)
+            async def run() -> Any:  # a pipeline is spent by execute(): build it per attempt
+                pipe = self.r.pipeline(transaction=False)
+                for sha, (_, k, a) in zip(shas, calls, strict=True):
+                    pipe.evalsha(sha, len(k), *k, *a)
+                return await pipe.execute()
+
             try:
-                return list(await self.call(pipe.execute))
+                return list(await self.call(run))
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
         raise RedisbusError("could not load scripts")
+
+    async def scripts_raw(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+        """Script calls in one pipeline, not retried (sends); a failed call's slot holds its
+        typed error instead of raising. Calls refused for a lost script cache are rerun."""
+        if self.cluster:
+            out: list[Any] = []
+            for n, k, a in calls:
+                try:
+                    out.append(await self.script(n, k, a, retry=False))
+                except RedisbusError as e:
+                    out.append(e)
+            return out
+        pipe = self.r.pipeline(transaction=False)
+        for n, k, a in calls:
+            pipe.evalsha(await self.load(n), len(k), *k, *a)
+        try:
+            raw = await pipe.execute(raise_on_error=False)
+        except (rx.RedisError, OSError) as e:
+            raise classify(e)[1] from e
+        out = []
+        for (n, k, a), r in zip(calls, raw, strict=True):
+            if isinstance(r, rx.NoScriptError):
+                self.sha.clear()
+                try:
+                    r = await self.script(n, k, a, retry=False)
+                except RedisbusError as e:
+                    r = e
+            elif isinstance(r, Exception):
+                err = classify(r)[1]
+                err.__cause__ = r
+                r = err
+            out.append(r)
+        return out
+
+    async def replicate(self, key: str, replicas: int, timeout_s: float) -> bool:
+        """WAIT for ``replicas`` replicas of the node holding ``key``; False when not reached."""
+        ms = max(1, int(timeout_s * 1000))
+        if self.cluster:
+            node = self.r.get_node_from_key(key)
+            n = await self.call(self.r.execute_command, "WAIT", replicas, ms, target_nodes=node)
+        else:
+            n = await self.call(self.r.wait, replicas, ms)
+        return int(n) >= replicas
 
     async def fetch(
         self, keys: ChannelKeys, group: str, consumer: str, cursor: str, block_ms: int | None,
@@ -102,12 +149,18 @@ class _IO:
                                     count=500, block=block_ms)
                     now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
-                    pipe = self.r.pipeline(transaction=False)
-                    if settle:
-                        pipe.evalsha(await self.load("settle"), 4, *settle_keys, group, *settle)
-                    pipe.xreadgroup(group, consumer, {keys.stream: cursor}, count=500, block=block_ms)
-                    pipe.time()
-                    out = await self.call(pipe.execute)
+                    settle_sha = await self.load("settle") if settle else ""
+
+                    async def run() -> Any:  # a pipeline is spent by execute(): build it per attempt
+                        pipe = self.r.pipeline(transaction=False)
+                        if settle:
+                            pipe.evalsha(settle_sha, 4, *settle_keys, group, *settle)
+                        pipe.xreadgroup(group, consumer, {keys.stream: cursor}, count=500,
+                                        block=block_ms)
+                        pipe.time()
+                        return await pipe.execute()
+
+                    out = await self.call(run)
                     res, now = out[-2], out[-1]
                 break
             except RedisbusError as e:
@@ -187,6 +240,7 @@ class AsyncBus:
         self._owned = owned  # an embedded server to stop on close
         self._closed = False
         self._heart = _Heart(self)
+        self._checked_eviction = False
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -232,11 +286,26 @@ class AsyncBus:
     ) -> AsyncChannel:
         cname = check.channel_name(name)
         argv = core.plan_channel(self.settings, routing, siblings, limits)
+        if not self._checked_eviction:
+            self._checked_eviction = True
+            await self._warn_if_evicting()
         keys = ChannelKeys.build(self.settings.prefix, cname)
         created, cfg = core.parse_channel(cname, await self._io.script("channel", [keys.meta], argv))
         if created:
             await self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)
         return AsyncChannel(self, keys, cfg)
+
+    async def _warn_if_evicting(self) -> None:
+        """Streams must never be evicted: say so loudly unless maxmemory-policy is noeviction."""
+        try:
+            got = await self._io.r.config_get("maxmemory-policy")
+        except Exception:  # a least-privilege user may not run CONFIG; nothing to check then
+            return
+        policy = next(iter(got.values()), "") if isinstance(got, dict) else ""
+        if policy and policy != "noeviction":
+            log.warning(
+                "redisbus: Redis maxmemory-policy is %r: under memory pressure Redis may EVICT "
+                "channel streams and lose messages. Set maxmemory-policy noeviction.", policy)
 
     async def channels(self) -> list[str]:
         return sorted(await self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
@@ -358,6 +427,38 @@ class AsyncChannel:
         await self.bus._io.call(self.bus._io.r.hset, self.keys.meta, "paused", "0")
         await self.refresh()
 
+    async def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:
+        """Messages dead-lettered after too many deliveries, oldest first."""
+        lim = check.integer(limit, "limit", 1, 100_000)
+        entries = await self.bus._io.call(self.bus._io.r.xrange, self.keys.dlq, count=lim)
+        return core.parse_dead_letters(self.name, entries)
+
+    async def replay(self, dead_letter_id: str) -> str:
+        """Give a dead letter back to its recipient as a new message; returns the new id."""
+        from ._filters import check_entry_id
+
+        k = self.keys
+        reply = await self.bus._io.script("replay", [k.stream, k.inbox, k.dlq, k.status],
+                                          [check_entry_id(dead_letter_id, "dead letter id")])
+        core.raise_if_refused(reply)
+        return str(reply[1])
+
+    async def sweep(
+        self, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
+    ) -> core.SweepReport:
+        """One janitor pass: dead-letter over-delivered messages, trim what every group has
+        acknowledged (or what is older than the retention), drop idle empty consumers."""
+        cfg, s = self.config.limits, self.bus.settings
+        k = self.keys
+        reply = await self.bus._io.script(
+            "sweep", [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta],
+            [int(float(cfg.get("lease_s", s.lease_s)) * 1000),
+             int(cfg.get("max_deliveries", s.max_deliveries)),
+             int(float(cfg.get("retention_s", s.retention_s)) * 1000),
+             int(consumer_idle_s * 1000), check.integer(batch, "batch", 1, 100_000)],
+        )
+        return core.SweepReport(*(int(x) for x in reply))
+
     async def counts(self) -> dict[str, int]:
         """Inbox counters (undone messages per agent), as stored."""
         h = await self.bus._io.call(self.bus._io.r.hgetall, self.keys.inbox)
@@ -391,6 +492,8 @@ class AsyncAgent:
         self._handed: set[str] = set()  # ids returned to this handle and not yet done
         self._cancelled = False
         self._want_status: str | None = None
+        self._last_claim = float("-inf")
+        self._pel_dirty = False  # read()/mark_done() fetched entries wait() has not returned
         self.slots: asyncio.Semaphore | None = None
 
     def __repr__(self) -> str:
@@ -410,12 +513,22 @@ class AsyncAgent:
         idempotency_key: str | None = None,
         trace: str | None = None,
         await_delivery: float | None = None,
+        durable: bool | None = None,
     ) -> Any:
         """Send to a name, ``"parent"``, a list of names or ``"all"``.
 
         Returns one ``Receipt`` for a single name, else a list in roster (or given) order.
         A single recipient's refusal raises; list and broadcast refusals are per receipt.
+
+        ``durable=True`` (or ``BusSettings.durable``) waits until ``durable_replicas`` replicas
+        acknowledged the write (``WAIT``); ``Receipt.durable`` says whether they did. A durable
+        send carries an idempotency key (one is made when none is given), so it is retried
+        safely across connection drops and failovers.
         """
+        if durable is None:
+            durable = self._bus.settings.durable
+        if durable and idempotency_key is None:
+            idempotency_key = core.new_agent_id().replace("ag-", "auto-")
         plan = core.plan_send(
             self.name, to, body, subject=subject, type=type, priority=priority,
             reply_to=reply_to, ttl_s=ttl_s, idempotency_key=idempotency_key, trace=trace,
@@ -429,9 +542,44 @@ class AsyncAgent:
             self._bus.metrics.rejected(e.code)
             raise
         self._count(result, type)
+        if durable:
+            s = self._bus.settings
+            reached = await self._bus._io.replicate(self._keys.stream, s.durable_replicas,
+                                               s.durable_timeout_s)
+            if not reached:
+                log.warning("redisbus: durable send to %s: fewer than %d replicas acknowledged",
+                            plan.names or "all", s.durable_replicas)
+            result = core.with_durable(result, reached)
         if wait_s:
             result = await self._await_delivery(result, wait_s)
         return result
+
+    async def send_many(self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]) -> builtins.list[Any]:
+        """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
+        or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
+        gives rejected receipts (with ``.error``) instead of raising."""
+        plans = []
+        for item in items:
+            kw = dict(item) if isinstance(item, Mapping) else {"to": item[0], "body": item[1]}
+            to, body = kw.pop("to"), kw.pop("body")
+            plans.append((core.plan_send(self.name, to, body, **kw), kw.get("type", "message")))
+        if not plans:
+            return []
+        replies = await self._bus._io.scripts_raw([("send", self._send_keys, p.argv) for p, _ in plans])
+        out: builtins.list[Any] = []
+        for (plan, type_), reply in zip(plans, replies, strict=True):
+            if isinstance(reply, RedisbusError):
+                out.append(core.rejected_receipt(plan, reply))
+                continue
+            try:
+                result = core.parse_send(plan, reply)
+            except RedisbusError as e:
+                self._bus.metrics.rejected(e.code)
+                out.append(core.rejected_receipt(plan, e))
+                continue
+            self._count(result, type_)
+            out.append(result)
+        return out
 
     def _count(self, result: Receipt | list[Receipt], type_: str) -> None:
         m = self._bus.metrics
@@ -482,6 +630,8 @@ class AsyncAgent:
         calls = self._settle_calls() + [("view", [k.stream, k.inbox, k.marks], plan.argv)]
         reply = (await self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
+        if pull:
+            self._pel_dirty = True
         msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview)
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
@@ -517,11 +667,16 @@ class AsyncAgent:
             msgs, self._held = self._held, []
             return WaitResult(core.wait_kind(self.name, msgs), msgs)
         deadline = time.monotonic() + t
-        if not self._recovered:
-            self._recovered = True
-            msgs = self._take(*await self._fetch("0", None), redelivered=True)
+        if not self._recovered or self._pel_dirty:
+            # Own pending entries first: after a restart (redeliveries), or after read() and
+            # mark_done() fetched entries this handle has not returned yet.
+            msgs = await self._own_pending(redelivered=not self._recovered)
+            self._recovered, self._pel_dirty = True, False
             if msgs:
                 return self._result(msgs)
+        claimed = await self._reclaim()
+        if claimed:
+            return self._result(claimed)
         released = False
         try:
             while True:
@@ -540,6 +695,8 @@ class AsyncAgent:
                         self.slots.release()
                         released = True
                 msgs = self._take(*await self._fetch(">", block_ms))
+                if not msgs and block_ms and block_ms >= 1000:
+                    msgs = await self._reclaim()
                 if msgs:
                     return self._result(msgs)
                 if t == 0:
@@ -556,6 +713,16 @@ class AsyncAgent:
             self._cancelled = True
         return WaitResult(kind, msgs)
 
+    async def _own_pending(self, *, redelivered: bool) -> builtins.list[Message]:
+        out: builtins.list[Message] = []
+        cursor = "0"
+        while True:
+            entries, now = await self._fetch(cursor, None)
+            out += self._take(entries, now, redelivered=redelivered, own=True)
+            if len(entries) < 500:
+                return out
+            cursor = entries[-1][0]
+
     async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[list[Any], int]:
         settle = list(self._deferred) if self._deferred else None
         entries, now = await self._bus._io.fetch(self._keys, self.name, self.replica, cursor, block_ms, settle)
@@ -563,7 +730,9 @@ class AsyncAgent:
             del self._deferred[: len(settle)]
         return entries, now
 
-    def _take(self, entries: list[Any], now_ms: int, *, redelivered: bool = False) -> list[Message]:
+    def _take(
+        self, entries: builtins.list[Any], now_ms: int, *, redelivered: bool = False, own: bool = False
+    ) -> builtins.list[Message]:
         out = []
         metrics = self._bus.metrics
         for entry_id, f in entries:
@@ -576,8 +745,8 @@ class AsyncAgent:
             if core.expired_at(entry_id, f, now_ms):
                 self._deferred += ["x", entry_id]
                 continue
-            if redelivered and entry_id in self._handed:
-                continue  # this handle already returned it (by read); not a redelivery
+            if own and entry_id in self._handed:
+                continue  # this handle already returned it
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
             msg = core.message_from_fields(self.channel.name, entry_id, f, read=True)
@@ -592,6 +761,46 @@ class AsyncAgent:
                 metrics.redelivered(len(out))
         return out
 
+    async def _reclaim(self) -> builtins.list[Message]:
+        """Take over messages whose lease ran out on a dead replica (at most every lease/4);
+        dead-letter those delivered max_deliveries times."""
+        cfg = self.channel.config.limits
+        lease_s = float(cfg.get("lease_s", self._bus.settings.lease_s))
+        now = time.monotonic()
+        if now - self._last_claim < lease_s / 4:
+            return []
+        self._last_claim = now
+        k = self._keys
+        claimed, dead = await self._bus._io.script(
+            "claim", [k.stream, k.inbox, k.marks, k.dlq],
+            [self.name, self.replica, int(lease_s * 1000),
+             int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)), 100],
+        )
+        if int(dead):
+            self._bus.metrics.dead_lettered(int(dead))
+        out = []
+        for entry_id, flat, deliveries in claimed:
+            f = core.fields_from_flat(flat)
+            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True,
+                                           deliveries=int(deliveries))
+            self._handed.add(entry_id)
+            self._deferred += ["r", entry_id]
+            out.append(msg)
+        if out:
+            self._bus.metrics.received(len(out))
+            self._bus.metrics.redelivered(len(out))
+        return out
+
+    async def extend_lease(self, message: str | Message) -> bool:
+        """Keep a message this replica is still handling from being reclaimed (long turns):
+        resets its idle time without counting a delivery."""
+        entry = _ids(message)[0]
+        got = await self._bus._io.call(
+            self._bus._io.r.xclaim, self._keys.stream, self.name, self.replica, 0, [entry],
+            justid=True,
+        )
+        return bool(got)
+
     async def mark_done(self, message: str | Message | Iterable[str | Message], result: str = "ok") -> bool:
         """Mark messages done (acknowledged). True if at least one changed state now."""
         ids = _ids(message)
@@ -605,6 +814,7 @@ class AsyncAgent:
         ]
         flags = [int(x) for x in (await self._bus._io.scripts(calls))[-1]]
         self._deferred.clear()
+        self._pel_dirty = True  # the pull may have fetched entries wait() has not returned
         self._handed.difference_update(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:

@@ -1,0 +1,118 @@
+-- sweep.lua: the janitor's pass over one channel. Safe on many hosts at once (atomic).
+--
+-- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] idem  KEYS[5] dlq  KEYS[6] meta
+-- ARGV[1] lease (ms)  ARGV[2] max deliveries  ARGV[3] retention (ms)
+-- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
+-- ARGV[5] at most this many entries trimmed (and pending entries examined) per call
+--
+-- returns {trimmed, dead_lettered, consumers_removed, expired_undone}
+--
+-- 1. Dead-letter pending entries idle past the lease that were delivered max_deliveries times
+--    (live replicas reclaim the others; see claim.lua).
+-- 2. Trim the stream's prefix that no recipient needs any more: entries every recipient is
+--    done with (their receipt marks say done, failed or expired), and entries older than the
+--    retention, whose undone recipients are acknowledged and counted down. Their receipt
+--    marks and idempotency keys go with them.
+-- 3. Remove consumers idle past ARGV[4] that have nothing pending (never one with pending
+--    entries: they would become unclaimable).
+
+local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local lease, max_deliveries, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local consumer_idle, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
+
+local function next_id(id)
+  local m, s = string.match(id, '^(%d+)-(%d+)$')
+  return m .. '-' .. (tonumber(s) + 1)
+end
+
+local groups = redis.call('XINFO', 'GROUPS', stream)
+local dead, removed = 0, 0
+for _, g in ipairs(groups) do
+  local name, last, pending
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1]
+    elseif g[i] == 'last-delivered-id' then last = g[i + 1]
+    elseif g[i] == 'pending' then pending = tonumber(g[i + 1]) end
+  end
+  -- 1. dead letters
+  if pending > 0 then
+    for _, p in ipairs(redis.call('XPENDING', stream, name, 'IDLE', lease, '-', '+', budget)) do
+      if tonumber(p[4]) >= max_deliveries then
+        local e = redis.call('XRANGE', stream, p[1], p[1])[1]
+        if e then
+          local fields = {'o', p[1], 'a', name, 'n', tostring(p[4]), 'w', 'max_deliveries',
+            'dead_ms', tostring(now)}
+          for _, v in ipairs(e[2]) do fields[#fields + 1] = v end
+          redis.call('XADD', dlq, '*', unpack(fields))
+          redis.call('HSET', marks, p[1] .. '\n' .. name, 'F' .. now)
+        end
+        if redis.call('XACK', stream, name, p[1]) == 1 then
+          redis.call('HINCRBY', inbox, name, -1)
+          dead = dead + 1
+        end
+      end
+    end
+  end
+  -- 3. idle consumers with nothing pending
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, name)) do
+    local cname, cpending, idle
+    for i = 1, #c, 2 do
+      if c[i] == 'name' then cname = c[i + 1]
+      elseif c[i] == 'pending' then cpending = tonumber(c[i + 1])
+      elseif c[i] == 'idle' then idle = tonumber(c[i + 1]) end
+    end
+    if cpending == 0 and idle > consumer_idle then
+      redis.call('XGROUP', 'DELCONSUMER', stream, name, cname)
+      removed = removed + 1
+    end
+  end
+end
+
+-- 2. trim the prefix of the stream that nobody needs: entries whose every recipient is done
+--    with them (done, dead-lettered or expired), and entries older than the retention
+local cut_ms = now - retention
+local doomed, expired = {}, 0
+local cursor, stop = '-', false
+while not stop and #doomed < budget do
+  local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.min(200, budget - #doomed))
+  if #batch == 0 then break end
+  for _, e in ipairs(batch) do
+    local id, f = e[1], e[2]
+    local old = tonumber(string.match(id, '^(%d+)')) < cut_ms
+    local to = ''
+    for i = 1, #f, 2 do if f[i] == 't' then to = f[i + 1] end end
+    local undone = {}
+    for name in string.gmatch(to, '[^\n]+') do
+      local c = string.sub(redis.call('HGET', marks, id .. '\n' .. name) or '', 1, 1)
+      if c ~= 'D' and c ~= 'F' and c ~= 'X' then undone[#undone + 1] = name end
+    end
+    if #undone > 0 and not old then stop = true break end
+    for _, name in ipairs(undone) do
+      -- undone and past retention: retire it so counters stay true
+      pcall(redis.call, 'XACK', stream, name, id) -- if it was pending
+      redis.call('HINCRBY', inbox, name, -1)
+      expired = expired + 1
+    end
+    doomed[#doomed + 1] = e
+  end
+  cursor = '(' .. batch[#batch][1]
+end
+for _, e in ipairs(doomed) do
+  local id, f = e[1], e[2]
+  local to, sender, key = '', nil, nil
+  for i = 1, #f, 2 do
+    if f[i] == 't' then to = f[i + 1]
+    elseif f[i] == 'f' then sender = f[i + 1]
+    elseif f[i] == 'i' then key = f[i + 1] end
+  end
+  for name in string.gmatch(to, '[^\n]+') do redis.call('HDEL', marks, id .. '\n' .. name) end
+  if sender and key then redis.call('HDEL', idem, sender .. '\n' .. key) end
+end
+local trimmed = 0
+if #doomed > 0 then
+  trimmed = redis.call('XTRIM', stream, 'MINID', next_id(doomed[#doomed][1]))
+end
+return {trimmed, dead, removed, expired}
