@@ -1,0 +1,176 @@
+"""The core contract, unchanged, against a Redis Cluster of three primaries with one replica
+each; then a primary SIGKILLed during steady durable traffic (SPEC §4-§5, issue 4).
+
+The contract tests are the functions of ``tests.test_contract``, collected here a second time
+with this module's ``make_bus`` and ``chan_name``: buses built with ``from_url(cluster=True)``
+and channel names picked round-robin so the channels land on every shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from redis.cluster import RedisCluster
+from redis.exceptions import MovedError
+
+from redisbus import AsyncBus, Bus
+
+pytest.register_assert_rewrite("tests.cluster_servers")
+
+from tests import test_contract  # noqa: E402
+from tests.cluster_servers import Cluster, Traffic, read_everything, wait_until  # noqa: E402
+from tests.conftest import Synced, settings  # noqa: E402
+
+pytest_plugins = ["tests.cluster_servers"]
+
+# Collect every contract test here too; the fixtures below decide what they run against.
+globals().update({n: f for n, f in vars(test_contract).items() if n.startswith("test_")})
+
+# channel name -> port of the primary that held its keys when its test ended
+LANDED: dict[str, int] = {}
+_turn = itertools.count()
+
+
+class ClusterSynced(Synced):
+    """The async face behind the sync adapter, inspected through a Cluster client."""
+
+    @property
+    def redis(self) -> Any:
+        if "_cluster_client" not in self.__dict__:
+            self.__dict__["_cluster_client"] = RedisCluster.from_url(
+                self.target.url, decode_responses=True
+            )
+        return self.__dict__["_cluster_client"]
+
+
+@pytest.fixture
+def cluster(redis_cluster: Cluster) -> Cluster:
+    """The session's cluster, healthy (a failover test may have run) and flushed."""
+    redis_cluster.wait_healthy()
+    redis_cluster.flush()
+    return redis_cluster
+
+
+@pytest.fixture
+def make_bus(cluster: Cluster, face: str) -> Iterator[Any]:
+    """make_bus(sync=False, **settings): a Bus or AsyncBus on the cluster, from one node's URL."""
+    made: list[Any] = []
+    loop = asyncio.new_event_loop()
+
+    def make(sync: bool = False, **kw: Any) -> Any:
+        s = settings(**kw)
+        b: Any
+        if face == "sync" or sync:
+            b = Bus.from_url(cluster.url, cluster=True, settings=s)
+        else:
+            b = ClusterSynced(AsyncBus.from_url(cluster.url, cluster=True, settings=s), loop)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+        if isinstance(b, ClusterSynced) and "_cluster_client" in b.__dict__:
+            b.redis.close()
+    loop.close()
+
+
+@pytest.fixture
+def chan_name(cluster: Cluster) -> Iterator[str]:
+    """A fresh channel on the next primary in turn; records where its keys really landed."""
+    primaries = cluster.primaries()
+    name = cluster.channel_on(primaries[next(_turn) % len(primaries)])
+    yield name
+    for port in cluster.primaries():
+        try:
+            if cluster.node_client(port).exists(f"rb:{{{name}}}:meta"):
+                LANDED[name] = port
+        except MovedError:
+            continue  # not this node's slot
+
+
+def test_contract_channels_landed_on_every_shard(cluster: Cluster) -> None:
+    """Runs after the contract tests above (module order): their keys covered all shards."""
+    if not LANDED:
+        pytest.skip("no contract test ran in this session")
+    assert set(LANDED.values()) == set(cluster.primaries()), LANDED
+
+
+# -- failover ------------------------------------------------------------------------------------
+
+
+FAILOVER_LIMITS = {
+    "inbox_cap": 1_000_000,
+    "pair_rate_burst": 0,
+    "sender_rate_burst": 0,
+}
+
+
+def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given: two channels on the shard whose primary dies, one on a shard that stays up
+    victim, survivor = cluster.primaries()[0], cluster.primaries()[1]
+    names = [cluster.channel_on(victim, "fo-") for _ in range(2)]
+    names.append(cluster.channel_on(survivor, "fo-"))
+    bus = Bus.from_url(cluster.url, cluster=True, settings=settings())
+    readers, senders = [], []
+    for n in names:
+        ch = bus.channel(n, **FAILOVER_LIMITS)
+        readers.append(ch.join("reader"))
+        senders.append((ch.join("writer"), "reader"))
+    t0 = time.monotonic()
+
+    # when: durable sends flow, the primary is SIGKILLed, a replica takes over, and later the
+    # old primary comes back as a replica (until then WAIT on that shard cannot be satisfied)
+    try:
+        with Traffic(senders) as traffic:
+            wait_until(lambda: traffic.sent_count() >= 200, 10, "traffic before the kill")
+            at_kill = traffic.out.attempted
+            new_primary = cluster.fail_primary(victim)
+            promoted_after = time.monotonic() - t0
+            at_promotion = traffic.out.attempted
+            cluster.restart(victim)
+            cluster.wait_healthy()
+            healed = len(traffic.out.confirmed)
+            wait_until(
+                lambda: len(traffic.out.confirmed) >= healed + 300,
+                20,
+                "confirmed sends after the old primary rejoined",
+            )
+        out = traffic.out
+
+        # then: the same Bus kept working on the promoted shard; all it confirmed is there
+        assert new_primary != victim and cluster.owner("{" + names[0] + "}") == new_primary
+        assert not out.errors, out.errors[:5]
+        unreached_kept = 0
+        for reader, name in zip(readers, names, strict=True):
+            stored = read_everything(reader)
+            sent = {b: i for b, (c, i) in out.confirmed.items() if c == name}
+            missing = {b: i for b, i in sent.items() if stored.get(b) != i}
+            assert not missing, f"{name}: {len(missing)} confirmed durable sends missing"
+            assert set(stored) <= set(sent) | set(out.unreached) | set(out.unconfirmed)
+            unreached_kept += sum(
+                stored.get(b) == i for b, (c, i) in out.unreached.items() if c == name
+            )
+        on_victim = sorted(int(b[2:]) for b, (c, _) in out.confirmed.items() if c in names[:2])
+        assert on_victim[0] < at_kill and on_victim[-1] >= at_promotion
+        phases = {
+            "before": sum(q < at_kill for q in on_victim),
+            "during": sum(at_kill <= q < at_promotion for q in on_victim),
+            "after": sum(q >= at_promotion for q in on_victim),
+        }
+        with capsys.disabled():
+            print(
+                f"\n[cluster failover] killed {victim} after {at_kill} sends, replica "
+                f"{new_primary} promoted at {promoted_after:.1f} s; {out.summary()}; "
+                f"confirmed on the failed shard by phase {phases}; returned-without-replica-ack "
+                f"still stored: {unreached_kept}/{len(out.unreached)}"
+            )
+    finally:
+        bus.close()
