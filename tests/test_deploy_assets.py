@@ -463,3 +463,22 @@ def test_scripts_parse_and_ensure_prometheus_is_a_no_op_once_installed() -> None
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("prometheus: prometheus, version")
+
+
+def test_client_and_fleet_metric_names_pass_promtool_lint() -> None:
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    from redisbus.metrics import BusMetrics
+
+    registry = CollectorRegistry()
+    BusMetrics(registry, host="host-a").delivered(0.01)
+    for name, labels in FLEET_GAUGES.items():
+        Gauge(name, f"fleet gauge {name}", labels, registry=registry)
+    result = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"],
+        input=generate_latest(registry).decode(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0 and not result.stdout.strip(), result.stdout + result.stderr
