@@ -9,8 +9,8 @@ the same methods and does nothing: the bus uses it when metrics are off.
 Series (every label bounded; no message id, agent or channel name is ever a label):
 
 ====================================================  =============================================
-``redisbus_messages_sent_total{type,host}``           messages accepted into a stream, by type
-``redisbus_send_rejected_total{reason,host}``         sends refused, by :data:`REJECT_REASONS`
+``redisbus_messages_sent_total{type,host}``           messages appended, by type (broadcast: 1)
+``redisbus_send_rejected_total{reason,host}``         refusals per recipient, by reason
 ``redisbus_delivery_latency_seconds{host}``           histogram: entry id millisecond -> Redis
                                                       ``TIME`` at fetch (one clock, no host skew)
 ``redisbus_messages_received_total{host}``            messages fetched by agents of this process
@@ -20,8 +20,9 @@ Series (every label bounded; no message id, agent or channel name is ever a labe
 ``redisbus_build_info{version}``                      always 1
 ====================================================  =============================================
 
-``host`` is the name an operator gives this agent host (a settings field, e.g. ``host-a``),
-not an automatic hostname: keep it stable across restarts so the label set stays small.
+``host`` is this agent host's name: the bus passes ``BusSettings.host`` (``REDISBUS_HOST``,
+the machine's hostname by default). On hosts whose names churn (pods), set it to a stable
+short name such as ``host-a`` so the label set stays small.
 An empty ``host`` is allowed; Prometheus then stores the series without the label.
 Message types and refusal reasons outside the known sets are counted as ``other``, so a
 caller cannot grow the label set without bound.
@@ -29,7 +30,7 @@ caller cannot grow the label set without bound.
 Exposing ``/metrics`` from an agent host::
 
     from redisbus.metrics import BusMetrics, serve_metrics
-    metrics = BusMetrics(host="host-a")   # pass it to the bus
+    bus = Bus.from_url(url, metrics=BusMetrics(host="host-a"))  # or REDISBUS_HOST=host-a
     serve_metrics(9108)                   # background thread; returns (server, thread)
 
 Multi-process servers (gunicorn, uvicorn workers, several agent processes on one host):
