@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing as mp
 import time
 from collections.abc import Iterator
@@ -371,19 +372,22 @@ def _best_of(k: int, fn: Any) -> float:
 # --- memory: N messages sent and done, before and after trimming -----------------------------
 
 
-def _trim(ctx: Ctx, bus: Any, ch: Any) -> bool:
-    """Run whatever trimming the core exposes; False (and a note) when there is none."""
-    for owner, attr in ((ch, "trim"), (bus, "trim"), (ch, "janitor"), (bus, "janitor")):
-        fn = getattr(owner, attr, None)
-        if callable(fn):
-            fn()
-            ctx.note(f"trimmed with {type(owner).__name__}.{attr}()")
-            return True
-    ctx.note(
-        "the core has no public trim call (Channel/Bus .trim() or .janitor()): "
-        "'after trimming' is memory after done, untrimmed"
-    )
-    return False
+def _trim(ctx: Ctx, ch: Any, batch: int = 10_000) -> float:
+    """Trim through the core's public janitor pass (``Channel.sweep``), repeated until it
+    trims less than a batch; returns how many entries it trimmed (NaN and a note without it)."""
+    sweep = getattr(ch, "sweep", None)
+    if not callable(sweep):
+        ctx.note(
+            "the core has no public trim call (Channel.sweep): "
+            "'after trimming' is memory after done, untrimmed"
+        )
+        return math.nan
+    trimmed = 0
+    while True:
+        n = int(sweep(batch=batch).trimmed)
+        trimmed += n
+        if n < batch:
+            return float(trimmed)
 
 
 def _drain(receiver: Any, expected: int) -> tuple[int, int]:
@@ -439,7 +443,9 @@ def bus_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
         if done != n:
             raise RuntimeError(f"only {done} of {n} messages came back to be marked done")
         after_done = used_memory(client)
-        _trim(ctx, bus, ch)
+        t0 = time.perf_counter()
+        trimmed_entries = _trim(ctx, ch)
+        trim_s = time.perf_counter() - t0
         trimmed = used_memory(client)
     client.close()
     return {
@@ -447,4 +453,6 @@ def bus_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
         "send_per_s": n / send_s,
         "done_per_s": n / done_s,
         "missed_by_wait": float(via_read),
+        "trimmed_entries": trimmed_entries,
+        "trim_s": trim_s,
     }
