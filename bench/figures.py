@@ -17,8 +17,8 @@ P50 = Metric("p50_us", "p50", "µs", higher_is_better=False)
 P99 = Metric("p99_us", "p99", "µs", higher_is_better=False)
 P50_PACED = Metric("p50_us", "latency p50 at 500 msg/s", "µs", higher_is_better=False)
 P99_PACED = Metric("p99_us", "latency p99 at 500 msg/s", "µs", higher_is_better=False)
-MISSED = Metric("missed", "messages never consumed", "", higher_is_better=False)
-TRIPS = Metric("round_trips", "round trips per call", "", higher_is_better=False)
+MISSED = Metric("missed", "messages never consumed", "", higher_is_better=False, ratio=False)
+TRIPS = Metric("round_trips", "round trips per call", "", higher_is_better=False, ratio=False)
 
 
 @dataclass(frozen=True)
@@ -116,17 +116,17 @@ FIGURES: tuple[Figure, ...] = (
         "messages sent and done, Redis used_memory",
         c.bus_memory,
         (
-            Metric("messages", "messages", ""),
+            Metric("messages", "messages", "", ratio=False),
             Metric("bytes_per_msg", "growth per message", "B", False),
             Metric("sent_mib", "after send", "MiB", False),
             Metric("done_mib", "after done", "MiB", False),
             Metric("trimmed_mib", "after trimming", "MiB", False),
-            Metric("trimmed_entries", "entries trimmed (Channel.sweep)", ""),
+            Metric("trimmed_entries", "entries trimmed (Channel.sweep)", "", ratio=False),
             Metric("trim_s", "trimming time", "s", False),
             Metric("done_per_s", "receive + mark_done rate", "msg/s"),
-            Metric("missed_by_wait", "left for read() after wait() went quiet", "", False),
+            Metric("missed_by_wait", "left for read() after wait() quiet", "", False, ratio=False),
             Metric("residual_mib", "left after trimming", "MiB", False),
-            Metric("residual_pct", "left after trimming, % of growth", "%", False),
+            Metric("residual_pct", "left after trimming, % of growth", "%", False, ratio=False),
         ),
         baseline=("raw XADD + XACK + XTRIM", b.raw_memory),
         targets=(

@@ -28,6 +28,8 @@ class Metric:
     label: str
     unit: str
     higher_is_better: bool = True
+    #: Show the redisbus/baseline ratio (off for counts that are equal by construction).
+    ratio: bool = True
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,7 @@ class FigureResult:
             "baseline": self.baseline.to_json() if self.baseline else None,
             "subject": self.subject.to_json(),
             "refs": [r.to_json() for r in self.refs],
-            "ratios": {m.key: _num(self.ratio(m.key)) for m in self.metrics},
+            "ratios": {m.key: _num(self.ratio(m.key)) for m in self.metrics if m.ratio},
             "targets": [t.to_json() for t in self.targets],
             "notes": self.notes,
         }
@@ -275,7 +277,7 @@ def rows(figures: list[FigureResult]) -> list[Row]:
                 sub = "n/a"
             else:
                 sub = _fmt(fig.subject.median(m.key)) + unit
-            ratio = fig.ratio(m.key)
+            ratio = fig.ratio(m.key) if m.ratio else math.nan
             tr = status_by_metric.get(m.key, [])
             target = "; ".join(t.text for t in fig.specs if t.metric == m.key)
             status = "; ".join(_status_word(t) for t in tr)
