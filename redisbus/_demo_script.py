@@ -87,27 +87,30 @@ class Actor:
             self.fetch(left)
 
     def fetch(self, timeout: float) -> None:
-        """What is unread now, else block in ``wait()`` for the next message.
+        """What is unread now, else block in ``wait()`` for the next message; then mark done.
 
         ``mark_done`` also pulls new entries into the agent's group, and ``wait()`` only blocks
         for entries not yet pulled, so a message that lands between a ``wait`` and a
         ``mark_done`` is picked up here by ``read("to:me unread")`` before blocking again.
+        Messages are marked done as soon as they are in the actor's working memory (the
+        auto-done of SPEC §2): a message left pending has its delivery time moved by every
+        later re-read of the pending list, which would blur the latency the summary reports.
         """
         seen = {m.id for m in self.inbox}
-        unread = [m for m in self.agent.read(filter_by="to:me unread") if m.id not in seen]
-        if unread:
-            self.inbox += unread
-            return
-        self.inbox += self.agent.wait(timeout=min(timeout, 300.0)).messages
+        new = [m for m in self.agent.read(filter_by="to:me unread") if m.id not in seen]
+        if not new:
+            new = self.agent.wait(timeout=min(timeout, 300.0)).messages
+        if new:
+            self.agent.mark_done(new, result="ok")
+            self.inbox += new
 
     def expect(self, subject: str, sender: str | None = None) -> Message:
-        """The next message with this subject (prefix), waiting for it; marked done once used."""
+        """The next message with this subject (prefix), waiting for it."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             for m in self.inbox:
                 if m.subject.startswith(subject) and (sender is None or m.sender == sender):
                     self.inbox.remove(m)
-                    self.agent.mark_done(m, result="ok")
                     return m
             left = deadline - time.monotonic()
             if left <= 0:
@@ -136,10 +139,7 @@ class Actor:
         raise DemoError(f"{self.name} could not send {subject!r}")
 
     def finish(self) -> None:
-        """Mark whatever is left (broadcasts this role did not need) done, and report."""
-        if self.inbox:
-            self.agent.mark_done(self.inbox, result="noted")
-            self.inbox.clear()
+        """Write the last read marks, and report."""
         self.agent.flush()
         self.emit("finished", agent=self.name)
 

@@ -186,7 +186,7 @@ class Transcript:
         return f"{max(0, ms - self.t0_ms) / 1000:6.2f}s"
 
     def message(self, m: Message) -> None:
-        from .cli import safe
+        from ._cli_view import safe
 
         self.messages.append(m)
         ms = int(m.created_at.timestamp() * 1000)
@@ -351,7 +351,7 @@ def ms(value: float) -> str:
 
 
 def _summary(con: Console, ch: Channel, boss: Any, view: Transcript) -> None:
-    from .cli import member_tree
+    from ._cli_view import member_tree
 
     con.rule("Summary")
     con.print(member_tree(ch, ch.tree(), ch.counts()))

@@ -1,0 +1,166 @@
+"""The shared parts of the ``redisbus`` command: the app, its options, the connection."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ._errors import BusConnectionError, RedisbusError, UnknownAgent
+from ._settings import BusSettings
+from ._validate import channel_name
+from .bus import Agent, Bus, Channel
+
+__all__ = ["Exit", "app", "attach", "connect", "existing_channel", "write_json"]
+
+CONNECT_HELP = (
+    "Redis URL (redis://, rediss://, redis+sentinel://). Required by every command except "
+    "`demo` and `redis`: a private server per command would lose the board when it exits, so "
+    "start one with `redisbus redis` and export the URL it prints."
+)
+
+app = typer.Typer(
+    name="redisbus",
+    help=(
+        "A message bus on Redis Streams for fleets of AI agents.\n\n"
+        "Start with `redisbus demo`. To talk on a bus: `redisbus redis` in one shell, then "
+        "`export REDISBUS_URL=...` and `redisbus send/read/tail ...` in others.\n\n"
+        "Exit status: 0 ok, 1 refused or failed, 2 bad input, 3 no Redis."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+)
+
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+# -- shared options ---------------------------------------------------------------------------
+
+UrlOpt = Annotated[str | None, typer.Option("--url", envvar="REDISBUS_URL", help=CONNECT_HELP)]
+PrefixOpt = Annotated[
+    str | None,
+    typer.Option("--prefix", envvar="REDISBUS_PREFIX", help="Key prefix of the bus [default: rb]."),
+]
+ClusterOpt = Annotated[
+    bool,
+    typer.Option("--cluster", envvar="REDISBUS_CLUSTER", help="The URL is a Redis Cluster node."),
+]
+ChannelArg = Annotated[str, typer.Argument(help="Channel name.", show_default=False)]
+AsOpt = Annotated[
+    str,
+    typer.Option(
+        "--as",
+        envvar="REDISBUS_AS",
+        show_default=False,
+        help="Agent name to act as (joins the channel under this name if not yet a member).",
+    ),
+]
+ParentOpt = Annotated[
+    str | None,
+    typer.Option("--parent", envvar="REDISBUS_PARENT", help="Parent agent, when joining."),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", envvar="REDISBUS_JSON", help="Machine-readable JSON output.")
+]
+FilterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--filter",
+        "-f",
+        envvar="REDISBUS_FILTER",
+        help="unread | all | to:me | to:NAME | from:NAME | subject:TEXT | after:ID (ANDed).",
+    ),
+]
+SinceOpt = Annotated[
+    str | None,
+    typer.Option("--since", envvar="REDISBUS_SINCE", help="ISO-8601 time or message id."),
+]
+LimitOpt = Annotated[
+    int, typer.Option("--limit", "-n", envvar="REDISBUS_LIMIT", help="At most this many.")
+]
+
+
+class Exit(Exception):
+    """A one-line failure with an exit status (raised by commands, printed by ``main``)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def settings_for(url: str | None, prefix: str | None = None, cluster: bool = False) -> BusSettings:
+    """BusSettings from the environment, with the options given on the command line on top."""
+    kw: dict[str, Any] = {"metrics": False}  # a one-shot command has nobody scraping it
+    if url:
+        kw["url"] = url
+    if prefix:
+        kw["prefix"] = prefix
+    if cluster:
+        kw["cluster"] = True
+    return BusSettings(**kw)
+
+
+@contextmanager
+def connect(url: str | None, prefix: str | None = None, cluster: bool = False) -> Iterator[Bus]:
+    s = settings_for(url, prefix, cluster)
+    if not s.url:
+        raise Exit(
+            "no Redis configured: set REDISBUS_URL (or --url), or start one with "
+            "`redisbus redis` and export the URL it prints",
+            3,
+        )
+    bus = Bus.from_url(s.url, settings=s)
+    try:
+        yield bus
+    finally:
+        bus.close()
+
+
+def existing_channel(bus: Bus, name: str) -> Channel:
+    """Attach to a channel that exists; a typo must not create an empty channel."""
+    cname = channel_name(name)
+    known = bus.channels()
+    if cname not in known:
+        hint = f" (channels: {', '.join(known[:10])})" if known else " (there are no channels)"
+        raise UnknownAgent(f"no such channel {cname!r}{hint}")
+    return bus.channel(cname)
+
+
+def attach(ch: Channel, name: str, parent: str | None, settings: BusSettings) -> Agent:
+    """Join as ``name`` (re-attaching when it is already a member) with a CLI replica name."""
+    replica = settings.replica or f"{settings.host}/cli"
+    return ch.join(name, parent=parent, replica=replica)
+
+
+def write_json(value: object) -> None:
+    sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+RoutingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--routing",
+        envvar="REDISBUS_ROUTING",
+        help="open | family: only used when this command creates the channel.",
+    ),
+]
+
+
+def raw_redis(fn: Any, *args: Any, **kw: Any) -> Any:
+    """A raw redis-py call from the CLI, with Redis errors turned into the bus's own."""
+    import redis
+
+    try:
+        return fn(*args, **kw)
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        raise BusConnectionError(f"Redis unreachable: {e}") from e
+    except redis.RedisError as e:
+        raise RedisbusError(f"Redis error: {e}") from e

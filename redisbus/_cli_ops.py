@@ -1,0 +1,340 @@
+"""``redisbus`` commands that watch and run the bus: tail, agents, stats, pause, resume, dlq,
+redis, demo."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ._cli_base import (
+    ChannelArg,
+    ClusterOpt,
+    Exit,
+    JsonOpt,
+    LimitOpt,
+    PrefixOpt,
+    UrlOpt,
+    app,
+    connect,
+    err,
+    existing_channel,
+    out,
+    raw_redis,
+    write_json,
+)
+from ._cli_view import clock, member_tree, message_text, safe
+from ._core import message_from_fields
+from ._keys import ChannelKeys
+from ._validate import channel_name
+from .bus import Channel
+
+
+@app.command()
+def tail(
+    channel: ChannelArg,
+    from_start: Annotated[
+        bool, typer.Option("--from-start", help="Print the channel's history first.")
+    ] = False,
+    count: Annotated[
+        int | None, typer.Option("--count", "-c", min=1, help="Stop after this many messages.")
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            min=0,
+            help="Stop after this many seconds (exit 1 if --count was not reached).",
+        ),
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", envvar="REDISBUS_JSON", help="One JSON object per line.")
+    ] = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """Follow a channel live (every message, whoever it is for) until Ctrl-C.
+
+    Tail is read-only: it does not join, so it changes no read marks and no roster.
+    """
+    with connect(url, prefix, cluster) as bus:
+        keys = ChannelKeys.build(bus.settings.prefix, channel_name(channel))
+        r = bus.redis
+        last = "0-0"
+        if not from_start:
+            newest = raw_redis(r.xrevrange, keys.stream, count=1)
+            last = newest[0][0] if newest else "0-0"
+        where = "from the start" if from_start else "new messages"
+        if channel not in bus.channels():
+            where += "; the channel does not exist yet"
+        err.print(f"tailing {channel} ({where}); Ctrl-C to stop")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = 0
+        while count is None or seen < count:
+            block_ms = 1000
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                block_ms = max(1, min(block_ms, int(left * 1000)))
+            batch = raw_redis(r.xread, {keys.stream: last}, count=100, block=block_ms)
+            for entry_id, fields in batch[0][1] if batch else []:
+                last = entry_id
+                m = message_from_fields(channel, entry_id, fields, read=False)
+                if as_json:
+                    write_json(m.as_dict())
+                else:
+                    out.print(message_text(m))
+                    out.file.flush()
+                seen += 1
+                if count is not None and seen >= count:
+                    break
+        if count is not None and seen < count:
+            raise Exit(f"timeout: {seen} of {count} messages within {timeout:g} s", 1)
+
+
+@app.command()
+def agents(
+    channel: ChannelArg,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """The channel's members as a tree: status, host, undone messages."""
+    with connect(url, prefix, cluster) as bus:
+        ch = existing_channel(bus, channel)
+        members = ch.tree()
+        counts = ch.counts()
+        if as_json:
+            write_json([dict(m.as_dict(), undone=counts.get(m.name, 0)) for m in members])
+            return
+        out.print(member_tree(ch, members, counts))
+
+
+@app.command()
+def stats(
+    channels: Annotated[
+        list[str] | None, typer.Argument(help="Channels (default: all).", show_default=False)
+    ] = None,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """Channels with their length, members, undone messages per agent, and pause state."""
+    with connect(url, prefix, cluster) as bus:
+        names = channels or bus.channels()
+        rows = []
+        for name in names:
+            ch = existing_channel(bus, name)
+            counts = ch.counts()
+            rows.append(
+                {
+                    "channel": ch.name,
+                    "routing": ch.config.routing,
+                    "paused": ch.config.paused,
+                    "length": ch.length(),
+                    "members": len(ch.members()),
+                    "undone": sum(counts.values()),
+                    "inbox": counts,
+                }
+            )
+        if as_json:
+            write_json(rows)
+            return
+        if not rows:
+            err.print("no channels")
+            return
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("channel", "routing", "paused", "messages", "members", "undone", "busiest"):
+            table.add_column(
+                col, justify="right" if col in ("messages", "members", "undone") else "left"
+            )
+        for row in rows:
+            inbox: dict[str, int] = row["inbox"]  # type: ignore[assignment]
+            top = sorted(((n, c) for n, c in inbox.items() if c), key=lambda x: -x[1])[:3]
+            table.add_row(
+                safe(str(row["channel"])),
+                str(row["routing"]),
+                "yes" if row["paused"] else "",
+                str(row["length"]),
+                str(row["members"]),
+                str(row["undone"]),
+                safe(", ".join(f"{n} {c}" for n, c in top)),
+            )
+        out.print(table)
+
+
+@app.command()
+def pause(
+    channel: ChannelArg, url: UrlOpt = None, prefix: PrefixOpt = None, cluster: ClusterOpt = False
+) -> None:
+    """Refuse every send on the channel until `resume`."""
+    with connect(url, prefix, cluster) as bus:
+        existing_channel(bus, channel).pause()
+        err.print(f"{channel}: paused")
+
+
+@app.command()
+def resume(
+    channel: ChannelArg, url: UrlOpt = None, prefix: PrefixOpt = None, cluster: ClusterOpt = False
+) -> None:
+    """Accept sends on a paused channel again."""
+    with connect(url, prefix, cluster) as bus:
+        existing_channel(bus, channel).resume()
+        err.print(f"{channel}: resumed")
+
+
+dlq = typer.Typer(
+    help="Dead letters: messages delivered too many times without being done.", no_args_is_help=True
+)
+app.add_typer(dlq, name="dlq")
+
+
+def _dlq_of(ch: Channel) -> Any:
+    if not hasattr(ch, "dead_letters"):  # the core's dead-letter API arrived after this CLI
+        raise Exit("`redisbus dlq` is not available yet: this core has no dead letters", 1)
+    return ch
+
+
+@dlq.command("list")
+def dlq_list(
+    channel: ChannelArg,
+    limit: LimitOpt = 100,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """The channel's dead letters, oldest first."""
+    with connect(url, prefix, cluster) as bus:
+        letters = _dlq_of(existing_channel(bus, channel)).dead_letters(limit=limit)
+        if as_json:
+            write_json([d.as_dict() for d in letters])
+            return
+        if not letters:
+            err.print("no dead letters")
+            return
+        for d in letters:
+            out.print(
+                Text.assemble(
+                    (f"{d.id}  ", "bold red"),
+                    f"for {safe(d.recipient)} after {d.deliveries} "
+                    f"deliveries ({safe(d.reason)}), dead at {clock(d.dead_at)}",
+                )
+            )
+            out.print(message_text(d.message))
+
+
+@dlq.command("replay")
+def dlq_replay(
+    channel: ChannelArg,
+    ids: Annotated[list[str], typer.Argument(help="Dead letter id(s).", show_default=False)],
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """Give dead letters back to their recipients as new messages (prints the new ids)."""
+    with connect(url, prefix, cluster) as bus:
+        ch = _dlq_of(existing_channel(bus, channel))
+        for dead_id in ids:
+            sys.stdout.write(f"{dead_id} -> {ch.replay(dead_id)}\n")
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+@app.command("redis")
+def redis_server(
+    port: Annotated[
+        int | None,
+        typer.Option(
+            "--port",
+            "-p",
+            envvar="REDISBUS_REDIS_PORT",
+            help="Port [default: a free one].",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            envvar="REDISBUS_DATA_DIR",
+            help="Keep data here (AOF on) [default: temporary].",
+        ),
+    ] = None,
+) -> None:
+    """Run a private Redis in the foreground until Ctrl-C; prints the URL to export."""
+    from .embedded import EmbeddedRedis
+
+    server = EmbeddedRedis.start(data, port=port)
+    stop = _on_signals()
+    try:
+        where = server.directory if data else "temporary, removed on exit"
+        err.print(
+            f"redis-server {server.binary} on 127.0.0.1:{server.port} (data: {where}); "
+            "Ctrl-C to stop"
+        )
+        sys.stdout.write(f"REDISBUS_URL={server.url}\n")
+        sys.stdout.flush()
+        while not stop() and server.process.poll() is None:
+            time.sleep(0.2)
+        if server.process.poll() is not None and not stop():
+            raise Exit(f"redis-server exited with status {server.process.returncode}", 1)
+    finally:
+        server.stop()
+
+
+def _on_signals() -> Any:
+    """Turn SIGINT/SIGTERM into a flag, so the server is stopped cleanly."""
+    flag: list[bool] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        flag.append(True)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: bool(flag)
+
+
+@app.command()
+def demo(
+    agents_procs: Annotated[
+        int,
+        typer.Option(
+            "--agents-procs",
+            envvar="REDISBUS_DEMO_PROCS",
+            min=1,
+            max=3,
+            help="OS processes for the three child agents (the director runs in this one).",
+        ),
+    ] = 3,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            envvar="REDISBUS_DATA_DIR",
+            help="Embedded Redis keeps its data here (AOF on).",
+        ),
+    ] = None,
+    fast: Annotated[bool, typer.Option("--fast", help="No pauses between turns.")] = False,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url", envvar="REDISBUS_URL", help="Use this Redis [default: start a private one]."
+        ),
+    ] = None,
+) -> None:
+    """The seed-000 anime production ('Neon Dreams') talking over the bus, live."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(procs=agents_procs, data_dir=data, fast=fast, url=url))
