@@ -8,6 +8,7 @@ set, a server that cannot start fails the run (``tests.servers.missing``); local
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import shutil
@@ -527,12 +528,106 @@ class Traffic:
         self.thread.join(30)
 
 
+@contextlib.contextmanager
+def bus_on(url: str, face: str, *, cluster: bool = False) -> Iterator[Any]:
+    """A Bus, or an AsyncBus behind the sync adapter on a loop of its own (driven from one
+    thread at a time: the traffic thread while it runs, the test thread after)."""
+    from redisbus import AsyncBus, Bus
+    from tests.conftest import Synced, settings
+
+    if face == "sync":
+        with Bus.from_url(url, cluster=cluster, settings=settings()) as b:
+            yield b
+        return
+    loop = asyncio.new_event_loop()
+    b = Synced(AsyncBus.from_url(url, cluster=cluster, settings=settings()), loop)
+    try:
+        yield b
+    finally:
+        b.close()
+        loop.close()
+
+
 def read_everything(agent: Any) -> dict[str, str]:
     """Every message addressed to ``agent`` as body -> id, read through the agent. (``read``
     returns the newest ``limit`` matches, so one call with the largest limit, checked.)"""
     msgs = agent.read(filter_by="to:me", limit=10_000)
     assert len(msgs) < 10_000, "more messages than one read returns: send fewer"
-    return {m.body: m.id for m in msgs}
+    seen = {m.body: m.id for m in msgs}
+    twice = sorted({m.body for m in msgs if seen[m.body] != m.id})
+    assert not twice, f"stored twice (a retried send not deduplicated): {twice[:5]}"
+    return seen
+
+
+@dataclass
+class FailoverRun:
+    """Durable traffic across one failover: what the sender saw, and when."""
+
+    out: Outcomes
+    old: int  # port of the killed primary
+    new: int  # port of the promoted replica
+    at_kill: int  # sends attempted before the SIGKILL
+    at_promotion: int  # sends attempted when the promotion was seen
+    promoted_after_s: float
+
+    def verify(self, readers: dict[str, Any], failed: set[str]) -> str:
+        """Assert that every confirmed durable send is stored with the id it was confirmed
+        with (read back through each channel's reader agent), that nothing stored was never
+        sent, and that the failed shard confirmed sends before the kill and after promotion.
+        ``failed``: the channels on the failed primary. Returns the figures as one line."""
+        out = self.out
+        assert not out.errors, out.errors[:5]
+        unreached_kept = 0
+        for name, reader in readers.items():
+            stored = read_everything(reader)
+            sent = {b: i for b, (c, i) in out.confirmed.items() if c == name}
+            missing = sorted(b for b, i in sent.items() if stored.get(b) != i)
+            assert not missing, f"{name}: {len(missing)} confirmed sends missing: {missing[:5]}"
+            assert set(stored) <= set(sent) | set(out.unreached) | set(out.unconfirmed)
+            unreached_kept += sum(
+                stored.get(b) == i for b, (c, i) in out.unreached.items() if c == name
+            )
+        seqs = sorted(int(b[2:]) for b, (c, _) in out.confirmed.items() if c in failed)
+        assert seqs and seqs[0] < self.at_kill, "nothing confirmed before the kill"
+        assert seqs[-1] >= self.at_promotion, "nothing confirmed on the failed shard after it"
+        phases = {
+            "before": sum(q < self.at_kill for q in seqs),
+            "during": sum(self.at_kill <= q < self.at_promotion for q in seqs),
+            "after": sum(q >= self.at_promotion for q in seqs),
+        }
+        return (
+            f"killed {self.old} after {self.at_kill} sends, {self.new} promoted at "
+            f"{self.promoted_after_s:.1f} s; {out.summary()}; confirmed on the failed primary "
+            f"by phase {phases}; returned-without-replica-ack yet stored: "
+            f"{unreached_kept}/{len(out.unreached)}; missing: 0"
+        )
+
+
+def run_failover(
+    senders: list[tuple[Any, str]],
+    fail: Callable[[], tuple[int, int]],
+    heal: Callable[[int], None],
+    confirmed_after_heal: int = 300,
+) -> FailoverRun:
+    """Durable sends flow; ``fail()`` SIGKILLs a primary and waits for the promotion (returns
+    old and new ports); ``heal(old)`` brings the old primary back as a replica, without which
+    WAIT cannot be satisfied on that shard; traffic goes on until ``confirmed_after_heal``
+    more sends were confirmed."""
+    t0 = time.monotonic()
+    with Traffic(senders) as traffic:
+        wait_until(lambda: traffic.sent_count() >= 200, 10, "traffic before the kill")
+        at_kill = traffic.out.attempted
+        old, new = fail()
+        promoted_after = time.monotonic() - t0
+        at_promotion = traffic.out.attempted
+        heal(old)
+        healed = len(traffic.out.confirmed)
+        wait_until(
+            lambda: len(traffic.out.confirmed) >= healed + confirmed_after_heal,
+            20,
+            "confirmed sends after the old primary rejoined",
+        )
+    return FailoverRun(traffic.out, old, new, at_kill, at_promotion, promoted_after)
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from redisbus import AsyncBus, Bus
 pytest.register_assert_rewrite("tests.cluster_servers")
 
 from tests import test_contract  # noqa: E402
-from tests.cluster_servers import Cluster, Traffic, read_everything, wait_until  # noqa: E402
+from tests.cluster_servers import Cluster, bus_on, run_failover  # noqa: E402
 from tests.conftest import Synced, settings  # noqa: E402
 
 pytest_plugins = ["tests.cluster_servers"]
@@ -112,65 +111,29 @@ FAILOVER_LIMITS = {
 
 
 def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
-    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+    cluster: Cluster, face: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # given: two channels on the shard whose primary dies, one on a shard that stays up
+    # given: two channels on the shard whose primary will die, one on a shard that stays up
     victim, survivor = cluster.primaries()[0], cluster.primaries()[1]
     names = [cluster.channel_on(victim, "fo-") for _ in range(2)]
     names.append(cluster.channel_on(survivor, "fo-"))
-    bus = Bus.from_url(cluster.url, cluster=True, settings=settings())
-    readers, senders = [], []
-    for n in names:
-        ch = bus.channel(n, **FAILOVER_LIMITS)
-        readers.append(ch.join("reader"))
-        senders.append((ch.join("writer"), "reader"))
-    t0 = time.monotonic()
+    with bus_on(cluster.url, face, cluster=True) as bus:
+        readers, senders = {}, []
+        for n in names:
+            ch = bus.channel(n, **FAILOVER_LIMITS)
+            readers[n] = ch.join("reader")
+            senders.append((ch.join("writer"), "reader"))
 
-    # when: durable sends flow, the primary is SIGKILLed, a replica takes over, and later the
-    # old primary comes back as a replica (until then WAIT on that shard cannot be satisfied)
-    try:
-        with Traffic(senders) as traffic:
-            wait_until(lambda: traffic.sent_count() >= 200, 10, "traffic before the kill")
-            at_kill = traffic.out.attempted
-            new_primary = cluster.fail_primary(victim)
-            promoted_after = time.monotonic() - t0
-            at_promotion = traffic.out.attempted
-            cluster.restart(victim)
+        # when: the primary is SIGKILLed mid-traffic; a replica takes over; the old primary
+        # comes back as a replica
+        def heal(port: int) -> None:
+            cluster.restart(port)
             cluster.wait_healthy()
-            healed = len(traffic.out.confirmed)
-            wait_until(
-                lambda: len(traffic.out.confirmed) >= healed + 300,
-                20,
-                "confirmed sends after the old primary rejoined",
-            )
-        out = traffic.out
+
+        run = run_failover(senders, lambda: (victim, cluster.fail_primary(victim)), heal)
 
         # then: the same Bus kept working on the promoted shard; all it confirmed is there
-        assert new_primary != victim and cluster.owner("{" + names[0] + "}") == new_primary
-        assert not out.errors, out.errors[:5]
-        unreached_kept = 0
-        for reader, name in zip(readers, names, strict=True):
-            stored = read_everything(reader)
-            sent = {b: i for b, (c, i) in out.confirmed.items() if c == name}
-            missing = {b: i for b, i in sent.items() if stored.get(b) != i}
-            assert not missing, f"{name}: {len(missing)} confirmed durable sends missing"
-            assert set(stored) <= set(sent) | set(out.unreached) | set(out.unconfirmed)
-            unreached_kept += sum(
-                stored.get(b) == i for b, (c, i) in out.unreached.items() if c == name
-            )
-        on_victim = sorted(int(b[2:]) for b, (c, _) in out.confirmed.items() if c in names[:2])
-        assert on_victim[0] < at_kill and on_victim[-1] >= at_promotion
-        phases = {
-            "before": sum(q < at_kill for q in on_victim),
-            "during": sum(at_kill <= q < at_promotion for q in on_victim),
-            "after": sum(q >= at_promotion for q in on_victim),
-        }
-        with capsys.disabled():
-            print(
-                f"\n[cluster failover] killed {victim} after {at_kill} sends, replica "
-                f"{new_primary} promoted at {promoted_after:.1f} s; {out.summary()}; "
-                f"confirmed on the failed shard by phase {phases}; returned-without-replica-ack "
-                f"still stored: {unreached_kept}/{len(out.unreached)}"
-            )
-    finally:
-        bus.close()
+        assert cluster.owner("{" + names[0] + "}") == run.new != victim
+        figures = run.verify(readers, set(names[:2]))
+    with capsys.disabled():
+        print(f"\n[cluster failover, {face}] {figures}")

@@ -3,15 +3,13 @@ SIGKILLed during steady durable traffic sent through a ``redis+sentinel://`` URL
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from redisbus import Bus
 
 pytest.register_assert_rewrite("tests.cluster_servers")
 
-from tests.cluster_servers import Sentinels, Traffic, read_everything, wait_until  # noqa: E402
+from tests.cluster_servers import Sentinels, bus_on, run_failover  # noqa: E402
 from tests.conftest import settings  # noqa: E402
 
 pytest_plugins = ["tests.cluster_servers"]
@@ -30,56 +28,26 @@ def test_sentinel_url_reaches_the_primary(redis_sentinels: Sentinels) -> None:
 
 
 def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
-    redis_sentinels: Sentinels, capsys: pytest.CaptureFixture[str]
+    redis_sentinels: Sentinels, face: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # given: a bus that knows only the Sentinels, and a healthy primary/replica pair
     s = redis_sentinels
     s.wait_healthy()
-    bus = Bus.from_url(s.url, settings=settings())
-    ch = bus.channel("sentinel-failover", **FAILOVER_LIMITS)
-    reader = ch.join("reader")
-    writer = ch.join("writer")
-    t0 = time.monotonic()
+    with bus_on(s.url, face) as bus:
+        ch = bus.channel(f"sentinel-failover-{face}", **FAILOVER_LIMITS)
+        reader = ch.join("reader")
+        writer = ch.join("writer")
 
-    # when: durable sends flow before, during and after a SIGKILL of the primary; the old
-    # primary later returns as a replica (until then WAIT cannot reach one)
-    try:
-        with Traffic([(writer, "reader")]) as traffic:
-            wait_until(lambda: traffic.sent_count() >= 200, 10, "traffic before the kill")
-            at_kill = traffic.out.attempted
-            old, new = s.fail_primary()
-            promoted_after = time.monotonic() - t0
-            at_promotion = traffic.out.attempted
-            s.restart(old)
+        # when: durable sends flow before, during and after a SIGKILL of the primary; the old
+        # primary later returns as a replica
+        def heal(port: int) -> None:
+            s.restart(port)
             s.wait_healthy()
-            healed = len(traffic.out.confirmed)
-            wait_until(
-                lambda: len(traffic.out.confirmed) >= healed + 300,
-                20,
-                "confirmed sends after the old primary rejoined",
-            )
-        out = traffic.out
+
+        run = run_failover([(writer, "reader")], s.fail_primary, heal)
 
         # then: nothing the bus confirmed is missing, and the same Bus worked after promotion
-        assert new != old
-        assert not out.errors, out.errors[:5]
-        stored = read_everything(reader)
-        missing = {b: i for b, (_, i) in out.confirmed.items() if stored.get(b) != i}
-        assert not missing, f"{len(missing)} confirmed durable sends missing: {list(missing)[:5]}"
-        assert set(stored) <= set(out.confirmed) | set(out.unreached) | set(out.unconfirmed)
-        seqs = sorted(int(b[2:]) for b in out.confirmed)
-        assert seqs[0] < at_kill and seqs[-1] >= at_promotion
-        phases = {
-            "before": sum(q < at_kill for q in seqs),
-            "during": sum(at_kill <= q < at_promotion for q in seqs),
-            "after": sum(q >= at_promotion for q in seqs),
-        }
-        unreached_kept = sum(stored.get(b) == i for b, (_, i) in out.unreached.items())
-        with capsys.disabled():
-            print(
-                f"\n[sentinel failover] killed {old} after {at_kill} sends, {new} promoted at "
-                f"{promoted_after:.1f} s; {out.summary()}; confirmed by phase {phases}; "
-                f"returned-without-replica-ack still stored: {unreached_kept}/{len(out.unreached)}"
-            )
-    finally:
-        bus.close()
+        assert run.new == s.primary() != run.old
+        figures = run.verify({ch.name: reader}, {ch.name})
+    with capsys.disabled():
+        print(f"\n[sentinel failover, {face}] {figures}")
