@@ -27,8 +27,8 @@ bench: $(STAMP)  ## benchmarks beside their baselines; writes bench/results.json
 	$(BIN)/python -m bench
 
 lint: $(STAMP)  ## ruff check + format check
-	$(BIN)/ruff check redisbus tests bench
-	$(BIN)/ruff format --check redisbus tests bench
+	$(BIN)/ruff check redisbus tests bench grafana deploy
+	$(BIN)/ruff format --check redisbus tests bench grafana deploy
 
 typecheck: $(STAMP)  ## mypy --strict on the package
 	$(BIN)/mypy

@@ -636,6 +636,9 @@ class AsyncAgent:
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
             self._handed.update(m.id for m in mine)
+            now_ms = int(reply[0])
+            for m in mine:  # first time this agent gets them: delivery latency on the Redis clock
+                self._bus.metrics.delivered(max(0.0, (now_ms - id_ms(m.id)) / 1000))
             if mine:
                 self._bus.metrics.received(len(mine))
         return msgs

@@ -13,8 +13,13 @@ import sys
 
 def ensure_tools() -> None:
     """In CI, install what the suite needs from Debian's packages when it is missing."""
-    wanted = {"redis-server": "redis-server", "prometheus": "prometheus"}
-    absent = [pkg for tool, pkg in wanted.items() if shutil.which(tool) is None]
+    wanted = {
+        "redis-server": "redis-server",
+        "prometheus": "prometheus",
+        "promtool": "prometheus",
+        "docker-compose": "docker-compose",
+    }
+    absent = sorted({pkg for tool, pkg in wanted.items() if shutil.which(tool) is None})
     if not absent or not os.environ.get("CI"):
         return
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "ensure-tools.sh")

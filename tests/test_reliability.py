@@ -250,6 +250,7 @@ def test_eviction_policy_warns_loudly(tmp_path: Path, caplog: pytest.LogCaptureF
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_a_million_messages_leave_memory_flat(redis7: Server) -> None:
     # given an empty server
     bus = fresh(redis7)

@@ -17,7 +17,10 @@ for i = 3, #ARGV do
   local field = id .. '\n' .. agent
   local pel = redis.call('XPENDING', stream, agent, id, id, 1)
   local addressed = false
-  if pel[1] then
+  local mark = redis.call('HGET', marks, field) or ''
+  if pel[1] and string.sub(mark, 1, 1) == 'R' then
+    addressed = true -- it was returned to the agent as its own message
+  elseif pel[1] then
     local e = redis.call('XRANGE', stream, id, id)
     if e[1] then
       local f = e[1][2]
@@ -30,7 +33,6 @@ for i = 3, #ARGV do
   end
   if addressed then
     local delivered = now - tonumber(pel[1][3])
-    local mark = redis.call('HGET', marks, field) or ''
     local read = ''
     if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
     if read == '' then read = tostring(now) end
@@ -39,8 +41,7 @@ for i = 3, #ARGV do
     redis.call('HSET', marks, field, 'D' .. now .. ':' .. read .. ':' .. delivered .. ':' .. result)
     out[#out + 1] = 1
   else
-    local mark = redis.call('HGET', marks, field)
-    if mark and string.sub(mark, 1, 1) == 'D' then out[#out + 1] = 0 else out[#out + 1] = -1 end
+    if string.sub(mark, 1, 1) == 'D' then out[#out + 1] = 0 else out[#out + 1] = -1 end
   end
 end
 return out
