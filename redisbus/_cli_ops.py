@@ -39,15 +39,22 @@ from .bus import Channel
 def tail(
     channel: ChannelArg,
     from_start: Annotated[
-        bool, typer.Option("--from-start", help="Print the channel's history first.")
+        bool,
+        typer.Option(
+            "--from-start", envvar="REDISBUS_FROM_START", help="Print the channel's history first."
+        ),
     ] = False,
     count: Annotated[
-        int | None, typer.Option("--count", "-c", min=1, help="Stop after this many messages.")
+        int | None,
+        typer.Option(
+            "--count", "-c", envvar="REDISBUS_COUNT", min=1, help="Stop after this many messages."
+        ),
     ] = None,
     timeout: Annotated[
         float | None,
         typer.Option(
             "--timeout",
+            envvar="REDISBUS_TAIL_TIMEOUT_S",
             min=0,
             help="Stop after this many seconds (exit 1 if --count was not reached).",
         ),
@@ -326,7 +333,9 @@ def demo(
             help="Embedded Redis keeps its data here (AOF on).",
         ),
     ] = None,
-    fast: Annotated[bool, typer.Option("--fast", help="No pauses between turns.")] = False,
+    fast: Annotated[
+        bool, typer.Option("--fast", envvar="REDISBUS_DEMO_FAST", help="No pauses between turns.")
+    ] = False,
     url: Annotated[
         str | None,
         typer.Option(
@@ -335,6 +344,10 @@ def demo(
     ] = None,
 ) -> None:
     """The seed-000 anime production ('Neon Dreams') talking over the bus, live."""
+    from ._demo_script import DemoError
     from .demo import run_demo
 
-    raise typer.Exit(run_demo(procs=agents_procs, data_dir=data, fast=fast, url=url))
+    try:
+        run_demo(procs=agents_procs, data_dir=data, fast=fast, url=url)
+    except DemoError as e:
+        raise Exit(f"demo failed: {e}", 1) from e

@@ -52,7 +52,8 @@ def join(
         str, typer.Option("--description", envvar="REDISBUS_DESCRIPTION", help="Agent card.")
     ] = "",
     skills: Annotated[
-        list[str] | None, typer.Option("--skill", help="Agent card skill (repeatable).")
+        list[str] | None,
+        typer.Option("--skill", envvar="REDISBUS_SKILLS", help="Agent card skill (repeatable)."),
     ] = None,
     routing: RoutingOpt = None,
     as_json: JsonOpt = False,
@@ -162,7 +163,10 @@ def read(
     since: SinceOpt = None,
     limit: LimitOpt = 100,
     done: Annotated[
-        bool, typer.Option("--done", help="Also mark the messages addressed to you done.")
+        bool,
+        typer.Option(
+            "--done", envvar="REDISBUS_DONE", help="Also mark the messages addressed to you done."
+        ),
     ] = False,
     parent: ParentOpt = None,
     as_json: JsonOpt = False,

@@ -235,8 +235,8 @@ def run_demo(
     fast: bool = False,
     url: str | None = None,
     console: Console | None = None,
-) -> int:
-    """Run the whole production; returns the exit status (0 when every step happened)."""
+) -> None:
+    """Run the whole production; raises ``DemoError`` when a step did not happen."""
     con = console or Console(highlight=False)
     if not con.is_terminal and "COLUMNS" not in os.environ:
         con.width = 110  # logs and pipes: wide enough for the summary table
@@ -250,13 +250,13 @@ def run_demo(
         where = data_dir or "temporary"
         con.print(Text(f"embedded redis-server on {url} (data: {where})", style="dim"))
     try:
-        return _produce(con, url, max(1, min(procs, len(CHILDREN))), 0.05 if fast else 1.0)
+        _produce(con, url, max(1, min(procs, len(CHILDREN))), 0.05 if fast else 1.0)
     finally:
         if server is not None:
             server.stop()
 
 
-def _produce(con: Console, url: str, procs: int, pace: float) -> int:
+def _produce(con: Console, url: str, procs: int, pace: float) -> None:
     bus = Bus.from_url(url, settings=settings(url, "host-a"))
     try:
         name = f"neon-dreams-{secrets.token_hex(3)}"
@@ -266,18 +266,24 @@ def _produce(con: Console, url: str, procs: int, pace: float) -> int:
         boss = ch.join("director", description="the parent: briefs, notes, final review")
         con.rule(f"Neon Dreams: channel {name}, {procs + 1} OS processes")
         con.print(Text("director joined from host-a (this process)", style="dim"))
-        now = bus.redis.time()
-        t0 = int(now[0]) * 1000 + int(now[1]) // 1000
+        t0 = ch.config.created_ms  # Redis clock
         view = Transcript(con, t0)
         events: queue.Queue[dict[str, Any]] = queue.Queue()
         groups = [list(CHILDREN[i::procs]) for i in range(procs)]
         workers = [Worker(g, HOSTS[i], name, url, pace, events) for i, g in enumerate(groups)]
         failure: list[str] = []
 
+        def everyone_joined() -> bool:
+            for w in workers:
+                if w.proc.poll() is not None:  # fail fast: it can no longer join
+                    why = w.stderr[-1] if w.stderr else f"exit status {w.proc.returncode}"
+                    raise DemoError(f"{w.host} stopped before its agents joined: {why}")
+            return len(ch.members()) == 1 + len(CHILDREN)
+
         def run_director() -> None:
             try:
                 actor = Actor(boss, pace, lambda event, **f: events.put({"event": event, **f}))
-                director(actor, lambda: len(ch.members()) == 1 + len(CHILDREN))
+                director(actor, everyone_joined)
             except (DemoError, RedisbusError) as e:
                 failure.append(f"director: {type(e).__name__}: {e}")
 
@@ -295,9 +301,7 @@ def _produce(con: Console, url: str, procs: int, pace: float) -> int:
         failure += view.errors
         _summary(con, ch, boss, view)
         if failure:
-            con.print(Text(f"demo failed: {failure[0]}", style="bold red"))
-            return 1
-        return 0
+            raise DemoError(failure[0])
     finally:
         bus.close()
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +23,6 @@ import pytest
 import redis
 
 from redisbus import Bus, BusSettings
-from redisbus.embedded import free_port
 
 BIN = shutil.which("redisbus", path=str(Path(sys.executable).parent)) or "redisbus"
 CH = "anime-project-1"
@@ -351,15 +352,17 @@ def test_without_a_url_commands_say_how_to_get_one(tmp_path: Path) -> None:
     assert "REDISBUS_URL" in line and "redisbus redis" in line
 
 
-def test_unreachable_redis_is_one_line(tmp_path: Path) -> None:
-    url = f"redis://127.0.0.1:{free_port()}/0"
-    p = subprocess.run(
-        [BIN, "stats"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=clean_env(url, REDISBUS_RETRY_ATTEMPTS="0"),
-    )
+def test_unreachable_redis_is_one_line() -> None:
+    with socket.socket() as held:  # bound, never listening: connections to it are refused
+        held.bind(("127.0.0.1", 0))
+        url = f"redis://127.0.0.1:{held.getsockname()[1]}/0"
+        p = subprocess.run(
+            [BIN, "stats"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(url, REDISBUS_RETRY_ATTEMPTS="0"),
+        )
 
     assert "connection" in one_line_failure(p, 3)
 
@@ -390,9 +393,8 @@ def test_plugin_commands_are_listed(cli: Run) -> None:
 
 
 def test_redis_runs_a_server_in_the_foreground_until_interrupted(tmp_path: Path) -> None:
-    port = free_port()
     proc = subprocess.Popen(
-        [BIN, "redis", "--port", str(port), "--data", str(tmp_path / "board")],
+        [BIN, "redis", "--data", str(tmp_path / "board")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -401,8 +403,9 @@ def test_redis_runs_a_server_in_the_foreground_until_interrupted(tmp_path: Path)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
-        assert line == f"REDISBUS_URL=redis://127.0.0.1:{port}/0"
-        assert redis.Redis(port=port).ping()
+        found = re.fullmatch(r"REDISBUS_URL=(redis://127\.0\.0\.1:(\d+)/0)", line)
+        assert found, line
+        assert redis.Redis.from_url(found[1]).ping()
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(15) == 0

@@ -81,3 +81,16 @@ def test_percentile_is_nearest_rank() -> None:
         99.0,
         7.0,
     )
+
+
+def test_demo_bad_options_fail_with_one_line() -> None:
+    p = subprocess.run(
+        [BIN, "demo", "--agents-procs", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=clean_env(None),
+    )
+
+    assert p.returncode == 2
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
