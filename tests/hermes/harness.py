@@ -188,6 +188,12 @@ def _main(argv: list[str]) -> int:
     except BaseException:
         out.write_text(json.dumps({"error": traceback.format_exc()}))
         code = 1
+    plugin = sys.modules.get("redisbus.integrations.hermes")
+    if plugin is not None:  # close the bus (and stop an embedded Redis) before _exit
+        try:
+            plugin.deactivate()
+        except Exception:
+            traceback.print_exc()
     sys.stdout.flush()
     sys.stderr.flush()
     # Hermes leaves daemon threads (async delegation, tool loops) behind; don't wait on them.

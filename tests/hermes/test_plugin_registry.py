@@ -297,3 +297,48 @@ def test_two_subagents_through_hermes_dispatch(redis_url: str) -> None:
     assert out["channel"] == f"hermes-{PARENT}"
     tree = {m["name"]: (m["parent"], m["depth"]) for m in out["tree"]}
     assert tree == {"director": (None, 0), "writer": ("director", 1), "designer": ("director", 1)}
+
+
+def scenario_embedded() -> dict:
+    """No URL anywhere: the plugin starts a private Redis for this Hermes process."""
+    import model_tools  # noqa: F401
+    from hermes_cli.plugins import invoke_hook
+    from tools.registry import registry
+
+    for sid, sess, goal in (
+        (WRITER, W_SESSION, "[agent: writer] Write"),
+        (DESIGNER, D_SESSION, "[agent: designer] Design"),
+    ):
+        invoke_hook(
+            "subagent_start",
+            parent_session_id=PARENT,
+            parent_turn_id="t",
+            parent_subagent_id=None,
+            child_session_id=sess,
+            child_subagent_id=sid,
+            child_role="leaf",
+            child_goal=goal,
+        )
+    sent = registry.dispatch(
+        "agent_channel",
+        {"action": "send", "to": "designer", "message": "hi"},
+        task_id=WRITER,
+        session_id=W_SESSION,
+    )
+    got = registry.dispatch(
+        "agent_channel", {"action": "read"}, task_id=DESIGNER, session_id=D_SESSION
+    )
+    from redisbus.integrations.hermes import runtime
+
+    return {"sent": json.loads(sent), "got": json.loads(got), "url": runtime().bus.url}
+
+
+def test_embedded_redis_when_no_url_is_configured() -> None:
+    out = run_scenario(
+        scenario_embedded,
+        config={"agent_channel": {}},
+        env={"REDISBUS_URL": "", "REDISBUS_ENABLED": ""},
+    )
+    assert out["sent"]["ok"] is True
+    assert [(m["from"], m["body"]) for m in out["got"]["messages"]] == [("writer", "hi")]
+    assert out["url"].startswith("redis://127.0.0.1:")
