@@ -472,6 +472,15 @@ class Outcomes:
     unconfirmed: list[str] = field(default_factory=list)  # raised BusConnectionError
     errors: list[str] = field(default_factory=list)  # anything else: a defect
     attempted: int = 0
+    recipient: dict[str, str] = field(default_factory=dict)  # body -> recipient name
+
+    def confirmed_to(self, channel: str, name: str) -> dict[str, str]:
+        """Confirmed sends to one agent: body -> id."""
+        return {
+            b: i
+            for b, (c, i) in self.confirmed.items()
+            if c == channel and self.recipient[b] == name
+        }
 
     def summary(self) -> str:
         return (
@@ -505,6 +514,7 @@ class Traffic:
             seq += 1
             with self.lock:
                 self.out.attempted += 1
+                self.out.recipient[body] = to
             try:
                 r = agent.send(to, body, durable=True)
             except BusConnectionError:
@@ -559,6 +569,57 @@ def read_everything(agent: Any) -> dict[str, str]:
     return seen
 
 
+class Consumer:
+    """A thread serving one agent live: ``wait()``, record, ``mark_done`` until stopped;
+    connection errors while the shard fails over are counted, anything else recorded."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+        self.got: dict[str, str] = {}  # body -> id
+        self.deliveries = 0
+        self.connection_errors = 0
+        self.errors: list[str] = []
+        self.last_at = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="live-consumer", daemon=True)
+
+    def _run(self) -> None:
+        from redisbus import BusConnectionError
+
+        while not self.stop.is_set():
+            try:
+                got = self.agent.wait(timeout=0.5)
+                for m in got.messages:
+                    self.deliveries += 1
+                    self.got[m.body] = m.id
+                    self.last_at = time.monotonic()
+                    self.agent.mark_done(m.id)
+            except BusConnectionError:
+                self.connection_errors += 1
+            except Exception as e:  # recorded, asserted empty by the test
+                self.errors.append(f"{type(e).__name__}: {e}")
+
+    def drain(self, quiet_s: float = 1.5, timeout: float = 20.0) -> None:
+        """Stop once nothing new arrived for ``quiet_s``."""
+        wait_until(lambda: time.monotonic() - self.last_at > quiet_s, timeout, "a quiet consumer")
+        self.stop.set()
+        self.thread.join(10)
+
+    def summary(self) -> str:
+        return (
+            f"live consumer received {len(self.got)} distinct in {self.deliveries} deliveries, "
+            f"{self.connection_errors} connection errors while waiting"
+        )
+
+    def __enter__(self) -> Consumer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
 @dataclass
 class FailoverRun:
     """Durable traffic across one failover: what the sender saw, and when."""
@@ -570,6 +631,14 @@ class FailoverRun:
     at_promotion: int  # sends attempted when the promotion was seen
     promoted_after_s: float
 
+    def verify_live(self, consumer: Consumer) -> str:
+        """Every confirmed send to the live consumer's agent was handed to it by ``wait()``."""
+        assert not consumer.errors, consumer.errors[:5]
+        mine = self.out.confirmed_to(consumer.agent.channel.name, consumer.agent.name)
+        lost = sorted(b for b, i in mine.items() if consumer.got.get(b) != i)
+        assert mine and not lost, f"confirmed, never delivered live: {len(lost)}: {lost[:5]}"
+        return consumer.summary() + f" (of {len(mine)} confirmed to it)"
+
     def verify(self, readers: dict[str, Any], failed: set[str]) -> str:
         """Assert that every confirmed durable send is stored with the id it was confirmed
         with (read back through each channel's reader agent), that nothing stored was never
@@ -577,16 +646,20 @@ class FailoverRun:
         ``failed``: the channels on the failed primary. Returns the figures as one line."""
         out = self.out
         assert not out.errors, out.errors[:5]
-        unreached_kept = 0
+        unreached_kept = unreached_here = 0
         for name, reader in readers.items():
             stored = read_everything(reader)
-            sent = {b: i for b, (c, i) in out.confirmed.items() if c == name}
+            sent = out.confirmed_to(name, reader.name)
             missing = sorted(b for b, i in sent.items() if stored.get(b) != i)
             assert not missing, f"{name}: {len(missing)} confirmed sends missing: {missing[:5]}"
             assert set(stored) <= set(sent) | set(out.unreached) | set(out.unconfirmed)
-            unreached_kept += sum(
-                stored.get(b) == i for b, (c, i) in out.unreached.items() if c == name
-            )
+            short = {
+                b: i
+                for b, (c, i) in out.unreached.items()
+                if c == name and out.recipient[b] == reader.name
+            }
+            unreached_here += len(short)
+            unreached_kept += sum(stored.get(b) == i for b, i in short.items())
         seqs = sorted(int(b[2:]) for b, (c, _) in out.confirmed.items() if c in failed)
         assert seqs and seqs[0] < self.at_kill, "nothing confirmed before the kill"
         assert seqs[-1] >= self.at_promotion, "nothing confirmed on the failed shard after it"
@@ -599,7 +672,7 @@ class FailoverRun:
             f"killed {self.old} after {self.at_kill} sends, {self.new} promoted at "
             f"{self.promoted_after_s:.1f} s; {out.summary()}; confirmed on the failed primary "
             f"by phase {phases}; returned-without-replica-ack yet stored: "
-            f"{unreached_kept}/{len(out.unreached)}; missing: 0"
+            f"{unreached_kept}/{unreached_here} (to the readers); missing: 0"
         )
 
 

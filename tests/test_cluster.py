@@ -22,7 +22,7 @@ from redisbus import AsyncBus, Bus
 pytest.register_assert_rewrite("tests.cluster_servers")
 
 from tests import test_contract  # noqa: E402
-from tests.cluster_servers import Cluster, bus_on, run_failover  # noqa: E402
+from tests.cluster_servers import Cluster, Consumer, bus_on, run_failover  # noqa: E402
 from tests.conftest import Synced, settings  # noqa: E402
 
 pytest_plugins = ["tests.cluster_servers"]
@@ -117,12 +117,18 @@ def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
     victim, survivor = cluster.primaries()[0], cluster.primaries()[1]
     names = [cluster.channel_on(victim, "fo-") for _ in range(2)]
     names.append(cluster.channel_on(survivor, "fo-"))
-    with bus_on(cluster.url, face, cluster=True) as bus:
+    with (
+        bus_on(cluster.url, face, cluster=True) as bus,
+        bus_on(cluster.url, face, cluster=True) as other,
+    ):
         readers, senders = {}, []
         for n in names:
             ch = bus.channel(n, **FAILOVER_LIMITS)
             readers[n] = ch.join("reader")
             senders.append((ch.join("writer"), "reader"))
+        # and a live agent on the failing shard, served from another Bus
+        live = Consumer(other.channel(names[0]).join("live"))
+        senders.append((senders[0][0], "live"))
 
         # when: the primary is SIGKILLed mid-traffic; a replica takes over; the old primary
         # comes back as a replica
@@ -130,10 +136,12 @@ def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
             cluster.restart(port)
             cluster.wait_healthy()
 
-        run = run_failover(senders, lambda: (victim, cluster.fail_primary(victim)), heal)
+        with live:
+            run = run_failover(senders, lambda: (victim, cluster.fail_primary(victim)), heal)
+            live.drain()
 
-        # then: the same Bus kept working on the promoted shard; all it confirmed is there
+        # then: the same Buses kept working on the promoted shard; all they confirmed is there
         assert cluster.owner("{" + names[0] + "}") == run.new != victim
-        figures = run.verify(readers, set(names[:2]))
+        figures = run.verify(readers, set(names[:2])) + "; " + run.verify_live(live)
     with capsys.disabled():
         print(f"\n[cluster failover, {face}] {figures}")

@@ -9,7 +9,7 @@ from redisbus import Bus
 
 pytest.register_assert_rewrite("tests.cluster_servers")
 
-from tests.cluster_servers import Sentinels, bus_on, run_failover  # noqa: E402
+from tests.cluster_servers import Consumer, Sentinels, bus_on, run_failover  # noqa: E402
 from tests.conftest import settings  # noqa: E402
 
 pytest_plugins = ["tests.cluster_servers"]
@@ -33,10 +33,11 @@ def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
     # given: a bus that knows only the Sentinels, and a healthy primary/replica pair
     s = redis_sentinels
     s.wait_healthy()
-    with bus_on(s.url, face) as bus:
+    with bus_on(s.url, face) as bus, bus_on(s.url, face) as other:
         ch = bus.channel(f"sentinel-failover-{face}", **FAILOVER_LIMITS)
         reader = ch.join("reader")
         writer = ch.join("writer")
+        live = Consumer(other.channel(ch.name).join("live"))  # served from another Bus
 
         # when: durable sends flow before, during and after a SIGKILL of the primary; the old
         # primary later returns as a replica
@@ -44,10 +45,12 @@ def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
             s.restart(port)
             s.wait_healthy()
 
-        run = run_failover([(writer, "reader")], s.fail_primary, heal)
+        with live:
+            run = run_failover([(writer, "reader"), (writer, "live")], s.fail_primary, heal)
+            live.drain()
 
-        # then: nothing the bus confirmed is missing, and the same Bus worked after promotion
+        # then: nothing the bus confirmed is missing, and the same Buses worked after promotion
         assert run.new == s.primary() != run.old
-        figures = run.verify({ch.name: reader}, {ch.name})
+        figures = run.verify({ch.name: reader}, {ch.name}) + "; " + run.verify_live(live)
     with capsys.disabled():
         print(f"\n[sentinel failover, {face}] {figures}")
