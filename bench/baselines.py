@@ -261,11 +261,13 @@ def raw_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
     try:
         r.xgroup_create(stream, GROUP, id="$", mkstream=True)
         before = used_memory(r)
+        t0 = time.perf_counter()
         for start in range(0, n, batch):
             pipe = r.pipeline(transaction=False)
             for _ in range(min(batch, n - start)):
                 pipe.xadd(stream, _fields(body()))
             pipe.execute()
+        send_s = time.perf_counter() - t0
         sent = used_memory(r)
         last = b"0-0"
         while True:
@@ -281,7 +283,7 @@ def raw_memory(ctx: Ctx, batch: int = 1_000) -> Metrics:
         trimmed = used_memory(r)
     finally:
         r.close()
-    return memory_metrics(n, before, sent, done, trimmed)
+    return {**memory_metrics(n, before, sent, done, trimmed), "send_per_s": n / send_s}
 
 
 def memory_metrics(n: int, before: int, sent: int, done: int, trimmed: int) -> Metrics:

@@ -117,6 +117,7 @@ FIGURES: tuple[Figure, ...] = (
         c.bus_memory,
         (
             Metric("messages", "messages", "", ratio=False),
+            Metric("send_per_s", "send rate, batches of 1,000", "msg/s"),
             Metric("bytes_per_msg", "growth per message", "B", False),
             Metric("sent_mib", "after send", "MiB", False),
             Metric("done_mib", "after done", "MiB", False),

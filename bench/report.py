@@ -346,7 +346,8 @@ def markdown(figures: list[FigureResult], machine: dict[str, Any], config: dict[
         "# Benchmark results",
         "",
         f"`python -m bench{config['argv']}` — {config['generated_at']}, "
-        f"{config['rounds']} rounds per figure (alternating order), medians.",
+        f"{config['rounds']} rounds per figure (fewer for the slow ones; alternating order), "
+        "medians.",
         "",
         f"Machine: {machine_line(machine)}.",
         "",
