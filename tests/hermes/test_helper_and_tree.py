@@ -197,3 +197,18 @@ def test_nested_orchestrators_form_a_tree(redis_url: str) -> None:
     # grandchildren's outcomes went to their parent (lead), lead's outcome to the director
     assert [s for s, t, _ in out["root_inbox"] if t == "outcome"] == ["lead"]
     assert '"from": "panel-a"' in lead["summary"] and '"type": "outcome"' in lead["summary"]
+
+
+def test_helper_switches_the_channel_on_when_config_leaves_it_off() -> None:
+    """Plugin loaded (plugins.enabled) but no agent_channel block and no REDISBUS_*:
+    ``enable_agent_channel=True`` is the opt-in; the bus is a private embedded Redis."""
+    out = run_scenario(
+        scenario_helper,
+        config={},
+        env={"REDISBUS_URL": "", "REDISBUS_ENABLED": ""},
+        params={"channel_name": BOARD, "second_run": False},
+    )
+    assert out["errors"] == []
+    assert "channel" not in out["plain"]
+    assert [r["summary"] for r in out["result"]["results"]] == ["wrote the draft", "read the draft"]
+    assert out["names"] == ["designer", "writer"]

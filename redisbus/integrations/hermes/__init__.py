@@ -63,7 +63,6 @@ log = logging.getLogger("redisbus.integrations.hermes")
 
 _lock = threading.Lock()
 _runtime: Runtime | None = None
-_registered = False
 
 HERMES_ROLES = ("leaf", "orchestrator")
 
@@ -87,10 +86,15 @@ def _hermes_config() -> dict[str, Any]:
         return {}
 
 
-def _safe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _hook(name: str) -> Callable[..., Any]:
+    """A hook that forwards to the active runtime (a no-op while the channel is off)."""
+
     def hook(**kw: Any) -> Any:
+        rt = _runtime
+        if rt is None:
+            return None
         try:
-            return fn(**kw)
+            return getattr(rt, f"on_{name}")(**kw)
         except Exception:
             log.warning("agent_channel %s hook failed", name, exc_info=True)
             return None
@@ -100,30 +104,20 @@ def _safe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _install(ctx: Any, rt: Runtime) -> None:
-    global _runtime, _registered
+    """Register the tool and the hooks through ``ctx`` and make ``rt`` the active runtime."""
+    global _runtime
     with _lock:
         _runtime = rt
-        if _registered:
-            return
-        ctx.register_tool(
-            name=TOOL_NAME,
-            toolset=TOOLSET,
-            schema=SCHEMA,
-            handler=make_handler(runtime),
-            description=SCHEMA["description"],
-            emoji="📨",
-        )
-        ctx.register_hook(
-            "subagent_start",
-            _safe("subagent_start", lambda **kw: runtime().on_subagent_start(**kw)),
-        )
-        ctx.register_hook(
-            "subagent_stop", _safe("subagent_stop", lambda **kw: runtime().on_subagent_stop(**kw))
-        )
-        ctx.register_hook(
-            "pre_llm_call", _safe("pre_llm_call", lambda **kw: runtime().on_pre_llm_call(**kw))
-        )
-        _registered = True
+    ctx.register_tool(
+        name=TOOL_NAME,
+        toolset=TOOLSET,
+        schema=SCHEMA,
+        handler=make_handler(runtime),
+        description=SCHEMA["description"],
+        emoji="📨",
+    )
+    for name in ("subagent_start", "subagent_stop", "pre_llm_call"):
+        ctx.register_hook(name, _hook(name))
 
 
 def register(ctx: Any) -> None:
@@ -136,6 +130,20 @@ def register(ctx: Any) -> None:
     log.info("redisbus agent_channel on (%s)", cfg.source)
 
 
+def _installed() -> bool:
+    from hermes_cli.plugins import get_plugin_manager
+    from tools.registry import registry
+
+    pm = get_plugin_manager()
+    pm.discover_and_load()  # a no-op once Hermes has discovered its plugins
+    hooks = getattr(pm, "_hooks", {})
+    ours = all(
+        any(getattr(cb, "__name__", "") == f"redisbus_{h}" for cb in hooks.get(h, []))
+        for h in ("subagent_start", "subagent_stop", "pre_llm_call")
+    )
+    return ours and registry.get_entry(TOOL_NAME) is not None
+
+
 def activate(config: ChannelConfig | None = None, bus: Any = None) -> Runtime:
     """Turn the channel on from code (``delegate_task(enable_agent_channel=True)`` does this).
 
@@ -143,6 +151,7 @@ def activate(config: ChannelConfig | None = None, bus: Any = None) -> Runtime:
     the tool and the hooks are the same as when Hermes loads the plugin from its config.
     ``bus`` (a ``redisbus.Bus``) replaces the one the settings would open.
     """
+    global _runtime
     if _runtime is not None and config is None and bus is None:
         return _runtime
     if config is None:
@@ -150,9 +159,11 @@ def activate(config: ChannelConfig | None = None, bus: Any = None) -> Runtime:
         if not config.enabled:
             config = dataclasses.replace(config, enabled=True, source="activate()")
     rt = Runtime(config, bus_factory=(lambda: bus) if bus is not None else None)
-    if _registered:
+    if _installed():
         with _lock:
-            globals()["_runtime"] = rt
+            old, _runtime = _runtime, rt
+        if old is not None:
+            old.close()
         return rt
     from hermes_cli.plugins import PluginContext, PluginManifest, get_plugin_manager
 
