@@ -809,15 +809,21 @@ class AsyncAgent:
         ids = _ids(message)
         res = check.text(result, "result", 1024, allow_newlines=True)
         k = self._keys
-        pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True, mark=False)
-        pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
-        calls = self._settle_calls() + [
-            ("view", [k.stream, k.inbox, k.marks], pull.argv),
-            ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids]),
-        ]
-        flags = [int(x) for x in (await self._bus._io.scripts(calls))[-1]]
+        done = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids])
+        flags = [int(x) for x in (await self._bus._io.scripts([*self._settle_calls(), done]))[-1]]
         self._deferred.clear()
-        self._pel_dirty = True  # the pull may have fetched entries wait() has not returned
+        if any(f < 0 for f in flags):
+            # not fetched yet (seen with list()): fetch new entries, then try those again
+            retry = [i for i, f in zip(ids, flags, strict=True) if f < 0]
+            pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True,
+                                  mark=False)
+            pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
+            again = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *retry])
+            out = (await self._bus._io.scripts([("view", [k.stream, k.inbox, k.marks], pull.argv),
+                                                 again]))[-1]
+            self._pel_dirty = True  # the pull may have fetched entries wait() has not returned
+            redo = dict(zip(retry, (int(x) for x in out), strict=True))
+            flags = [redo.get(i, f) for i, f in zip(ids, flags, strict=True)]
         self._handed.difference_update(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
