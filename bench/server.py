@@ -166,5 +166,10 @@ def reset(server: Server, prefix: str) -> None:
                 batch.clear()
         if batch:
             client.unlink(*batch)
+        # the bus lists its channels in a registry set: drop this run's names from it
+        for key in client.scan_iter(match="*channels", count=1000, _type="set"):
+            ours = list(client.sscan_iter(key, match=f"{prefix}*"))
+            if ours:
+                client.srem(key, *ours)
     finally:
         client.close()
