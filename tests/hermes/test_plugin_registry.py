@@ -267,7 +267,7 @@ def test_two_subagents_through_hermes_dispatch(redis_url: str) -> None:
     assert out["hook_context_again"] == []  # delivered once; nothing new since
 
     for key, needle in (
-        ("unknown_subagent", "not joined"),
+        ("unknown_subagent", "not on an agent channel"),
         ("bad_action", "action must be"),
         ("bad_filter", ""),
         ("bad_since", ""),

@@ -164,10 +164,17 @@ class Runtime:
         with self._lock:
             ch = self._channels.get(name)
             if ch is None:
+                from redisbus import ChannelMismatch
+
                 kw: dict[str, Any] = dict(self.config.limits)
-                ch = self.bus.channel(
-                    name, routing=self.config.routing, siblings=self.config.siblings, **kw
-                )
+                try:
+                    ch = self.bus.channel(
+                        name, routing=self.config.routing, siblings=self.config.siblings, **kw
+                    )
+                except ChannelMismatch as e:
+                    # a persistent board created with other settings: use it as stored
+                    log.warning("agent_channel: channel %s kept its stored settings (%s)", name, e)
+                    ch = self.bus.channel(name)
                 self._channels[name] = ch
             return ch
 
@@ -227,8 +234,8 @@ class Runtime:
             return b
         if task_id and str(task_id).startswith("sa-"):
             raise ChannelToolError(
-                "this subagent was not joined to an agent channel (it was started before "
-                "the agent_channel plugin was active)"
+                "this subagent is not on an agent channel (its delegation did not enable one, "
+                "or it started before the agent_channel plugin was active)"
             )
         if not session_id:
             raise ChannelToolError("no Hermes session: cannot tell who is calling")
