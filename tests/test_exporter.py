@@ -1,0 +1,434 @@
+"""`redisbus exporter` on a real Redis: exact fleet gauges, /healthz, the watchdog (log line
+and webhook), the top-N and channel caps, the janitor thread, and the command line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from redisbus import Bus, BusSettings
+from redisbus._model import id_ms
+from redisbus.exporter import Exporter, ExporterSettings, main
+from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
+from tests.prometheus_fixture import free_port
+from tests.servers import start_server, wait_for
+
+FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def gauge(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def healthz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture
+def bus(redis_url: str) -> Iterator[Bus]:
+    b = Bus.from_url(redis_url, settings=BusSettings(metrics=False, host="test-host"))
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def exporter(redis_url: str) -> Iterator[Callable[..., Exporter]]:
+    """Start exporters on free loopback ports against ``redis_url``; stopped afterwards."""
+    started: list[Exporter] = []
+
+    def start(**options: Any) -> Exporter:
+        base: dict[str, Any] = {
+            "url": redis_url,
+            "exporter_port": 0,
+            "exporter_addr": "127.0.0.1",
+            "exporter_interval_s": 3600,  # tests call refresh() unless they say otherwise
+            "janitor": False,
+        }
+        e = Exporter(ExporterSettings(**{**base, **options})).start()
+        started.append(e)
+        return e
+
+    yield start
+    for e in started:
+        e.stop()
+
+
+class Webhook:
+    """A local HTTP receiver that queues every JSON body POSTed to it."""
+
+    def __init__(self) -> None:
+        self.received: queue.Queue[dict[str, Any]] = queue.Queue()
+        received = self.received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.put(json.loads(body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def next(self, timeout: float = 10.0) -> dict[str, Any]:
+        return self.received.get(timeout=timeout)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
+    bus: Bus, redis_url: str, exporter: Callable[..., Exporter]
+) -> None:
+    # given a team channel: writer read 2 of 3 messages and finished 1 of those; designer
+    # has not fetched its message and has completed; director has a reply and an outcome
+    alpha = bus.channel("alpha", **FAST)
+    director = alpha.join("director")
+    writer = alpha.join("writer", parent="director")
+    designer = alpha.join("designer", parent="director")
+    m1, m2, m3 = (director.send("writer", f"draft {i}") for i in range(3))
+    d1 = director.send("designer", "sketch")
+    director_unread = [writer.send("director", "question").id]
+    got = writer.read(limit=2)
+    assert [m.id for m in got] == [m1.id, m2.id]
+    writer.mark_done(m1.id)
+    director_unread.append(designer.complete("sketched") or "")
+    # and a channel whose only message was dead-lettered: delivered once, its lease ran out
+    beta = bus.channel("beta", lease_s=0.1, max_deliveries=1, **FAST)
+    boss = beta.join("boss")
+    beta.join("worker")
+    poison = boss.send("worker", "poison")
+    other = Bus.from_url(redis_url, settings=BusSettings(metrics=False, replica="b"))
+    try:
+        replica_a = beta.join("worker", replica="a")
+        replica_b = other.channel("beta").join("worker", replica="b")
+        assert replica_a.wait(timeout=1).messages[0].id == poison.id
+        time.sleep(0.15)
+        assert replica_b.wait(timeout=0.3).kind == "timeout"  # reclaimed -> dead-lettered
+        (dead,) = beta.dead_letters()
+        assert dead.original_id == poison.id
+
+        # when the exporter reads Redis
+        e = exporter()
+        snap = e.refresh()
+        samples = scrape(e.port)
+    finally:
+        other.close()
+
+    # then unread counts what is undone and not yet read: writer m3 (fetched, not returned),
+    # designer d1 (queued), director's reply and the outcome
+    assert snap is not None
+    assert gauge(samples, "redisbus_unread_messages") == 1 + 1 + 2
+    assert gauge(samples, "redisbus_channel_unread_messages", channel="alpha") == 4
+    assert gauge(samples, "redisbus_channel_unread_messages", channel="beta") == 0
+    # the oldest unread is m3, aged on the Redis clock of the read
+    oldest_s = gauge(samples, "redisbus_oldest_unread_age_seconds")
+    assert oldest_s == pytest.approx((snap.now_ms - id_ms(m3.id)) / 1000)
+    assert id_ms(m3.id) <= id_ms(d1.id)
+    # pending: writer's m2 (read, not done) and m3 (fetched); the dead letter was acknowledged
+    assert gauge(samples, "redisbus_pending_messages") == 2
+    assert gauge(samples, "redisbus_dead_letters") == len(beta.dead_letters()) == 1
+    assert gauge(samples, "redisbus_channels") == 2
+    assert gauge(samples, "redisbus_watchdog_stale_unread_messages") == 0
+    # agents by status: every status present, the counts the channels' trees show
+    statuses = Counter(m.status for ch in (alpha, beta) for m in ch.tree())
+    assert statuses["completed"] == 1
+    for status in AGENT_STATUSES:
+        assert gauge(samples, "redisbus_agents", status=status) == statuses[status], status
+    # every fleet gauge is there, and nothing else but the scrape duration's value
+    assert {name for name, _ in samples} == set(FLEET_GAUGES)
+    assert 0 < gauge(samples, "redisbus_exporter_scrape_duration_seconds") < 5
+
+
+def test_unread_falls_to_zero_once_messages_are_read_and_done(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    # given two unread messages
+    ch = bus.channel("team", **FAST)
+    a, b = ch.join("a"), ch.join("b")
+    a.send("b", "one")
+    a.send("b", "two")
+    e = exporter()
+    assert gauge(scrape(e.port), "redisbus_unread_messages") == 2
+    # when b reads them: read but undone is no longer unread, still pending
+    msgs = b.read()
+    e.refresh()
+    samples = scrape(e.port)
+    assert gauge(samples, "redisbus_unread_messages") == 0
+    assert gauge(samples, "redisbus_oldest_unread_age_seconds") == 0
+    assert gauge(samples, "redisbus_pending_messages") == 2
+    # and once done, nothing is pending either
+    b.mark_done(msgs)
+    e.refresh()
+    assert gauge(scrape(e.port), "redisbus_pending_messages") == 0
+
+
+def test_messages_returned_by_wait_are_read(bus: Bus, exporter: Callable[..., Exporter]) -> None:
+    # given a message that wait() returned (its read mark is written with the next call)
+    ch = bus.channel("waiters", **FAST)
+    a, b = ch.join("a"), ch.join("b")
+    a.send("b", "hello")
+    assert b.wait(timeout=1).kind == "message"
+    b.flush()
+    # then it is pending but not unread
+    samples = scrape(exporter().port)
+    assert gauge(samples, "redisbus_unread_messages") == 0
+    assert gauge(samples, "redisbus_pending_messages") == 1
+
+
+def test_agents_that_will_never_read_have_no_unread(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    # given a cancelled child with a message nobody will ever read
+    ch = bus.channel("closing", **FAST)
+    lead = ch.join("lead")
+    child = ch.join("child", parent="lead")
+    lead.send("child", "never read")
+    lead.cancel("child", reason="changed plan")
+    assert {m.name: m.status for m in ch.tree()}["child"] == "cancelled"
+    counts = ch.counts()
+    assert counts["child"] == 2  # the message and the control message announcing the cancel
+    assert counts["lead"] == 1  # the child's outcome
+    # then the child counts as cancelled, not as a backlog; lead's outcome is unread
+    samples = scrape(exporter().port)
+    assert gauge(samples, "redisbus_agents", status="cancelled") == 1
+    assert gauge(samples, "redisbus_unread_messages") == 1
+    assert child.name == "child"
+
+
+def test_only_the_top_n_channels_get_their_own_series(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    # given five channels with 1..5 unread messages
+    for n in range(1, 6):
+        ch = bus.channel(f"ch-{n}", **FAST)
+        a = ch.join("a")
+        ch.join("b")
+        for _ in range(n):
+            a.send("b", "x")
+    # when the exporter keeps the top 2
+    samples = scrape(exporter(exporter_top_n=2).port)
+    # then the two busiest channels have a series, and the totals count all five
+    per_channel = {
+        dict(labels)["channel"]: v
+        for (name, labels), v in samples.items()
+        if name == "redisbus_channel_unread_messages"
+    }
+    assert per_channel == {"ch-5": 5, "ch-4": 4}
+    assert gauge(samples, "redisbus_unread_messages") == 15
+    assert gauge(samples, "redisbus_channels") == 5
+
+
+def test_channels_beyond_the_cap_are_left_out_and_logged(
+    bus: Bus, exporter: Callable[..., Exporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    # given three channels with one unread message each
+    for name in ("c-a", "c-b", "c-c"):
+        ch = bus.channel(name, **FAST)
+        ch.join("x").send(ch.join("y").name, "hi")
+    # when the exporter may read only two per pass
+    with caplog.at_level(logging.WARNING, logger="redisbus.exporter"):
+        samples = scrape(exporter(exporter_max_channels=2).port)
+    # then it reads the first two by name, says so, and still counts every channel
+    assert gauge(samples, "redisbus_channels") == 3
+    assert gauge(samples, "redisbus_unread_messages") == 2
+    assert any("reading the first 2" in r.getMessage() for r in caplog.records)
+
+
+def test_watchdog_logs_and_posts_each_stale_agent_once_and_its_recovery(
+    bus: Bus, exporter: Callable[..., Exporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    hook = Webhook()
+    try:
+        # given an exporter reading every 50 ms with a 0.3 s threshold
+        e = exporter(exporter_interval_s=0.05, watchdog_stale_s=0.3, watchdog_webhook_url=hook.url)
+        ch = bus.channel("slow", **FAST)
+        a, b = ch.join("a"), ch.join("b")
+        caplog.set_level(logging.INFO, logger="redisbus.exporter")
+        # when a message to b stays unread past the threshold
+        sent = a.send("b", "anyone there?")
+        event = hook.next()
+        # then one webhook event and one log line name the channel and agent
+        assert {k: event[k] for k in ("state", "channel", "agent", "stale_unread")} == {
+            "state": "stale",
+            "channel": "slow",
+            "agent": "b",
+            "stale_unread": 1,
+        }
+        assert event["threshold_s"] == 0.3 and event["oldest_unread_age_s"] >= 0.3
+        assert gauge(scrape(e.port), "redisbus_watchdog_stale_unread_messages") == 1
+        time.sleep(0.3)  # several more passes: still stale, no repeated event or line
+        assert hook.received.empty()
+        stale_lines = [r for r in caplog.records if "older than" in r.getMessage()]
+        assert len(stale_lines) == 1 and "'slow'" in stale_lines[0].getMessage()
+        # when b reads it, the watchdog reports the recovery once
+        assert [m.id for m in b.read()] == [sent.id]
+        assert hook.next()["state"] == "recovered"
+        assert wait_for(
+            lambda: gauge(scrape(e.port), "redisbus_watchdog_stale_unread_messages") == 0
+        )
+    finally:
+        hook.close()
+
+
+def test_a_failing_webhook_is_logged_and_the_exporter_keeps_serving(
+    bus: Bus, exporter: Callable[..., Exporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    # given a webhook URL nobody listens on
+    dead_url = f"http://127.0.0.1:{free_port()}/hook"
+    ch = bus.channel("quiet", **FAST)
+    ch.join("a").send(ch.join("b").name, "x")
+    caplog.set_level(logging.WARNING, logger="redisbus.exporter")
+    time.sleep(0.25)
+    # when the watchdog fires
+    e = exporter(exporter_interval_s=0.05, watchdog_stale_s=0.2, watchdog_webhook_url=dead_url)
+    # then the failure is logged and the exporter still answers
+    assert wait_for(
+        lambda: any("webhook POST failed" in r.getMessage() for r in caplog.records), timeout=10
+    )
+    assert gauge(scrape(e.port), "redisbus_watchdog_stale_unread_messages") == 1
+    assert healthz(e.port)[0] == 200
+
+
+def test_healthz_follows_redis_and_gauges_go_away_when_it_is_down(
+    tmp_path: Path, exporter: Callable[..., Exporter]
+) -> None:
+    # given an exporter on a Redis of its own
+    server = start_server("redis7", tmp_path)
+    try:
+        e = exporter(url=server.url)
+        assert healthz(e.port) == (200, "ok\n")
+        assert gauge(scrape(e.port), "redisbus_channels") == 0
+        # when that Redis stops
+        server.stop()
+        status, text = healthz(e.port)
+        # then /healthz says 503 with the reason, and no stale numbers are served
+        assert status == 503 and text.startswith("redis:")
+        assert e.refresh() is None
+        assert {name for name, _ in scrape(e.port)} == {"redisbus_exporter_scrape_duration_seconds"}
+    finally:
+        server.stop()
+
+
+def test_the_janitor_thread_trims_what_every_agent_is_done_with(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    # given ten messages that every agent is done with
+    ch = bus.channel("trim", **FAST)
+    a, b = ch.join("a"), ch.join("b")
+    for i in range(10):
+        a.send("b", f"{i}")
+    b.mark_done(b.read(limit=100))
+    assert ch.length() == 10
+    # when the exporter runs its janitor every 50 ms
+    exporter(janitor=True, janitor_interval_s=0.05)
+    # then the stream is trimmed
+    assert wait_for(lambda: ch.length() == 0, timeout=10)
+
+
+def test_command_line_serves_until_sigterm(redis_url: str, bus: Bus) -> None:
+    # given `python -m redisbus.exporter` configured by REDISBUS_* variables and options
+    ch = bus.channel("cli", **FAST)
+    ch.join("a").send(ch.join("b").name, "x")
+    port = free_port()
+    env = {
+        **os.environ,
+        "REDISBUS_URL": redis_url,
+        "REDISBUS_EXPORTER_PORT": str(port),
+        "REDISBUS_EXPORTER_TOP_N": "1",
+        "REDISBUS_WATCHDOG_STALE_S": "30",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "redisbus.exporter", "--addr", "127.0.0.1", "--no-janitor"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        # then it answers on the port from the environment
+        assert wait_for(lambda: _answers(port), timeout=20), proc.stdout
+        samples = scrape(port)
+        assert gauge(samples, "redisbus_unread_messages") == 1
+        assert gauge(samples, "redisbus_channel_unread_messages", channel="cli") == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+    # and SIGTERM stops it cleanly
+    assert proc.returncode == 0, out
+    assert f"127.0.0.1:{port}" in out
+
+
+def _answers(port: int) -> bool:
+    try:
+        return healthz(port)[0] == 200
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+def test_command_line_refuses_without_redis_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("REDISBUS_URL", raising=False)
+    assert main(["--port", "0"]) == 3
+    assert "REDISBUS_URL" in capsys.readouterr().err
+
+
+def test_command_line_refuses_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--url", "redis://127.0.0.1:1/0", "--port", "70000"]) == 2
+    assert "exporter_port" in capsys.readouterr().err
+
+
+def test_settings_read_the_variables_deploy_uses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDISBUS_EXPORTER_PORT", "9999")
+    monkeypatch.setenv("REDISBUS_EXPORTER_TOP_N", "20")
+    monkeypatch.setenv("REDISBUS_WATCHDOG_STALE_S", "45")
+    monkeypatch.setenv("REDISBUS_JANITOR", "false")
+    s = ExporterSettings()
+    assert (s.exporter_port, s.exporter_top_n, s.watchdog_stale_s, s.janitor) == (
+        9999,
+        20,
+        45.0,
+        False,
+    )
+    assert ExporterSettings.model_fields["exporter_port"].default == 9120
+    assert ExporterSettings.model_fields["watchdog_stale_s"].default == 60.0
