@@ -22,7 +22,15 @@ from redisbus import AsyncBus, Bus
 pytest.register_assert_rewrite("tests.cluster_servers")
 
 from tests import test_contract  # noqa: E402
-from tests.cluster_servers import Cluster, Consumer, bus_on, run_failover  # noqa: E402
+from tests.cluster_servers import (  # noqa: E402
+    Cluster,
+    Consumer,
+    Traffic,
+    bus_on,
+    read_everything,
+    run_failover,
+    wait_until,
+)
 from tests.conftest import Synced, settings  # noqa: E402
 
 pytest_plugins = ["tests.cluster_servers"]
@@ -145,3 +153,54 @@ def test_primary_killed_during_durable_traffic_loses_no_confirmed_message(
         figures = run.verify(readers, set(names[:2])) + "; " + run.verify_live(live)
     with capsys.disabled():
         print(f"\n[cluster failover, {face}] {figures}")
+
+
+def test_script_flush_and_client_kill_on_every_node_lose_and_double_nothing(
+    cluster: Cluster, face: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given: durable traffic to a reader and a live agent on every shard
+    names = [cluster.channel_on(p, "sk-") for p in cluster.primaries()]
+    with (
+        bus_on(cluster.url, face, cluster=True) as bus,
+        bus_on(cluster.url, face, cluster=True) as other,
+    ):
+        readers, senders = {}, []
+        for n in names:
+            ch = bus.channel(n, **FAILOVER_LIMITS)
+            readers[n] = ch.join("reader")
+            senders.append((ch.join("writer"), "reader"))
+        live = Consumer(other.channel(names[0]).join("live"))
+        senders.append((senders[0][0], "live"))
+
+        # when: every node's script cache is flushed and its client connections killed, by turns
+        killed = 0
+        with live, Traffic(senders) as traffic:
+            for turn in range(6):
+                target = 100 * (turn + 1)
+                wait_until(lambda n=target: traffic.sent_count() >= n, 10, "traffic")
+                for port in cluster.nodes:
+                    c = cluster.node_client(port)
+                    if turn % 2:
+                        c.script_flush()
+                    else:
+                        killed += int(c.client_kill_filter(_type="normal"))
+            wait_until(lambda: traffic.sent_count() >= 700, 10, "traffic after the last blow")
+            traffic.stop.set()
+            live.drain()
+        out = traffic.out
+
+        # then: nothing failed, nothing confirmed is missing, nothing was stored twice
+        assert killed > 0, "no bus connection was killed: the test proved nothing"
+        assert not out.errors and not out.unconfirmed, (out.errors[:5], out.unconfirmed[:5])
+        assert not out.unreached, "replicas were up: every WAIT should have been reached"
+        for name, reader in readers.items():
+            stored = read_everything(reader)
+            sent = out.confirmed_to(name, "reader")
+            assert {b: stored.get(b) for b in sent} == sent
+        mine = out.confirmed_to(names[0], "live")
+        assert {b: live.got.get(b) for b in mine} == mine and not live.errors
+    with capsys.disabled():
+        print(
+            f"\n[cluster script flush + client kill, {face}] {killed} connections killed; "
+            f"{out.summary()}; {live.summary()}"
+        )
