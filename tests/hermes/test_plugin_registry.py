@@ -106,6 +106,11 @@ def scenario_two_subagents() -> dict:
         DESIGNER,
         D_SESSION,
     )
+    out["writer_nudged"] = call(
+        {"action": "send", "to": "designer", "subject": "ack", "message": "thanks"},
+        WRITER,
+        W_SESSION,
+    )
     out["writer_read_from"] = call(
         {"action": "read", "filter_by": "from:designer"}, WRITER, W_SESSION
     )
@@ -254,6 +259,8 @@ def test_two_subagents_through_hermes_dispatch(redis_url: str) -> None:
     assert out["designer_read_again"]["count"] == 0  # read marks them read
 
     assert out["reply"]["from"] == "designer"
+    assert "unread_for_you" not in out["reply"]
+    assert out["broadcast"]["from"] == "director"
     assert [m["from"] for m in out["writer_read_from"]["messages"]] == ["designer"]
     assert out["broadcast"]["from"] == "director"
     assert sorted(r["to"] for r in out["broadcast"]["sent"]) == ["designer", "writer"]

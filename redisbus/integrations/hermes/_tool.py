@@ -170,6 +170,10 @@ def _handle(rt: Runtime, args: dict[str, Any], kw: dict[str, Any]) -> str:
         }
         if refused:
             out["refused"] = refused
+        with me.lock:  # a cheap nudge: the model learns it has mail without a turn boundary
+            waiting = me.agent.list(filter_by="unread", preview_chars=0)
+        if waiting:
+            out["unread_for_you"] = len(waiting)
         return json.dumps(out, ensure_ascii=False)
 
     filter_by = _opt_str(args, "filter_by") or ("unread" if action == "read" else "all")
