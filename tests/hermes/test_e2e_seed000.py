@@ -152,6 +152,20 @@ def scenario_seed000() -> dict:
             "child_first_user": child_first,
             "channel": rt.by_session[agent.session_id].channel,
             "requests": len(stub.requests),
+            "parent_tools": Conversation(stub.requests[0]).tool_names,
+            "child_tools": sorted(
+                {
+                    n
+                    for r in stub.requests
+                    if Conversation(r).is_child
+                    for n in Conversation(r).tool_names
+                }
+            ),
+            "model_schema": next(
+                t["function"]
+                for t in stub.requests[0]["tools"]
+                if t["function"]["name"] == "agent_channel"
+            ),
         }
 
 
@@ -166,6 +180,11 @@ def test_seed000_rounds_through_a_real_hermes_parent(redis_url: str) -> None:
     assert out["first_final"] == "Production started; the team is on it."
     assert [s for _, s, _ in out["event_results"]] == ["completed"] * 3
     assert out["final"] == "Accepted: script v3, three characters, twelve panels."
+
+    # what the models were offered: the tool, with no way to name a sender
+    assert out["parent_tools"] == ["agent_channel", "delegate_task"]
+    assert out["child_tools"] == ["agent_channel"]  # delegate_task is blocked for leaves
+    assert not {"from", "sender"} & set(out["model_schema"]["parameters"]["properties"])
 
     # children were named from their goals; ids are Hermes's subagent ids
     assert sorted(out["children"].values()) == ["designer", "storyboard-artist", "writer"]
