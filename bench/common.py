@@ -8,6 +8,7 @@ import itertools
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -117,10 +118,13 @@ async def maybe_await(value: T | Awaitable[T]) -> T:
 
 
 class RoundTrips:
-    """Counts writes to Redis sockets (one per command or per pipeline) of sync clients."""
+    """Counts writes to Redis sockets (one per command or per pipeline) of sync clients, and
+    with ``names=True`` the top-level commands they carried."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: bool = False) -> None:
         self.count = 0
+        self.names = names
+        self.commands: Counter[str] = Counter()
 
     @contextmanager
     def counting(self) -> Iterator[RoundTrips]:
@@ -129,6 +133,9 @@ class RoundTrips:
 
         def counted(conn: Any, command: Any, check_health: bool = True) -> None:
             self.count += 1
+            if self.names:
+                chunks = command if isinstance(command, list) else [command]
+                self.commands.update(command_names(b"".join(bytes(c) for c in chunks)))
             original(conn, command, check_health)
 
         cls.send_packed_command = counted  # type: ignore[method-assign]
@@ -136,6 +143,22 @@ class RoundTrips:
             yield self
         finally:
             cls.send_packed_command = original  # type: ignore[method-assign]
+
+
+def command_names(data: bytes) -> list[str]:
+    """Names of the RESP commands packed in ``data`` (arrays of bulk strings)."""
+    names: list[str] = []
+    i = 0
+    while i < len(data) and data[i : i + 1] == b"*":
+        j = data.index(b"\r\n", i)
+        argc, i = int(data[i + 1 : j]), j + 2
+        for k in range(argc):
+            j = data.index(b"\r\n", i)
+            size, i = int(data[i + 1 : j]), j + 2
+            if k == 0:
+                names.append(data[i : i + size].decode(errors="replace").upper())
+            i += size + 2
+    return names
 
 
 # --- publish -> consume in one event loop (FastStream and AsyncBus alike) ---------------------
