@@ -33,6 +33,7 @@ from ._model import (
     ms_to_dt,
 )
 from ._settings import BusSettings
+from ._signing import Signer
 
 Routing = Literal["open", "family"]
 
@@ -170,7 +171,8 @@ _FIELD_NAMES = frozenset("ftbskprdxicgna")
 
 
 def message_from_fields(
-    channel: str, entry_id: str, f: Mapping[str, str], *, read: bool, deliveries: int = 1
+    channel: str, entry_id: str, f: Mapping[str, str], *, read: bool, deliveries: int = 1,
+    verified: bool | None = None,
 ) -> Message:
     ttl = f.get("x")
     reply_to = f.get("r")
@@ -190,6 +192,7 @@ def message_from_fields(
         read=read,
         idempotency_key=f.get("i") or None,
         trace=f.get("c") or None,
+        verified=verified,
         deliveries=deliveries,
     )
 
@@ -237,7 +240,8 @@ def plan_send(
     ttl_s: object = None,
     idempotency_key: object = None,
     trace: object = None,
-    signature: tuple[str, str] = ("", ""),
+    signer: Signer | None = None,
+    channel: str = "",
 ) -> SendPlan:
     mode, names = check.recipients(to)
     text_body = check.body(body)
@@ -255,11 +259,15 @@ def plan_send(
         ttl = _fmt(check.positive_number(ttl_s, "ttl_s", allow_zero=False))
     ikey = "" if idempotency_key is None else check.name(idempotency_key, "idempotency_key", 256)
     tr = "" if trace is None else check.text(trace, "trace", 1024)
+    sig = ts = ""
+    if signer is not None and signer.enabled:
+        sig, ts = signer.sign(channel, {"f": sender, "s": subj, "b": text_body, "k": type,
+                                        "p": str(prio), "r": rt, "x": ttl, "i": ikey})
     return SendPlan(
         mode,
         names,
         [sender, mode, "\n".join(names), subj, text_body, type, str(prio), rt, ttl, ikey, tr,
-         signature[0], signature[1]],
+         sig, ts],
     )
 
 
@@ -374,13 +382,25 @@ def plan_view(
     return ViewPlan(flt, argv, lim)
 
 
+def verdict(signer: Signer | None, unsigned: str, channel: str, f: Mapping[str, str]) -> bool | None:
+    """None: signing off. True: verified. False: bad or missing signature, delivered flagged
+    (``unsigned="flag"``). Raises nothing; the caller drops the entry when ``reject``."""
+    if signer is None or not signer.enabled:
+        return None
+    return signer.verify(channel, f)
+
+
 def parse_view(
-    channel: str, agent: str, reply: Sequence[Any], *, preview_chars: int | None
+    channel: str, agent: str, reply: Sequence[Any], *, preview_chars: int | None,
+    signer: Signer | None = None, unsigned: str = "reject",
 ) -> list[Message]:
     out = []
     for entry_id, flat, mark in reply[2:]:
         f = fields_from_flat(flat)
-        msg = message_from_fields(channel, entry_id, f, read=(mark != ""))
+        ok = verdict(signer, unsigned, channel, f)
+        if ok is False and unsigned == "reject":
+            continue
+        msg = message_from_fields(channel, entry_id, f, read=(mark != ""), verified=ok)
         if preview_chars is not None and len(msg.body) > preview_chars:
             from dataclasses import replace
 
@@ -510,3 +530,19 @@ def rejected_receipt(plan: SendPlan, err: RedisbusError) -> Receipt | list[Recei
         return Receipt(id=None, to=plan.names[0], status="rejected", error=err)
     names = plan.names or ["all"]
     return [Receipt(id=None, to=n, status="rejected", error=err) for n in names]
+
+
+_OUTCOME_STATUS = {"complete": "completed", "fail": "failed", "cancel": "cancelled", "lost": "lost"}
+
+
+def sign_outcome(
+    signer: Signer, channel: str, op: str, actor: str, target: str, text: str
+) -> list[str]:
+    """Signatures of the messages outcome.lua writes: the outcome (from the target) and the
+    control message that wakes a cancelled subtree (from the actor)."""
+    if not signer.enabled:
+        return ["", "", ""]
+    status = _OUTCOME_STATUS.get(op, op)
+    out_sig, ts = signer.sign(channel, {"f": target, "s": status, "b": text, "k": "outcome"})
+    ctl_sig, _ = signer.sign(channel, {"f": actor, "s": "cancel", "b": text, "k": "control"}, ts)
+    return [out_sig, ctl_sig, ts]

@@ -24,11 +24,13 @@ from ._model import DeadLetter, Member, Message, Receipt, Roster, WaitResult, id
 from ._redis import backoff_s, classify, sync_client
 from ._scripts import source
 from ._settings import BusSettings
+from ._signing import Signer
 from .metrics import NOOP, BusMetrics
 
 __all__ = ["Agent", "Bus", "Channel"]
 
 log = logging.getLogger("redisbus")
+_LOST = "no replica heartbeat within the lease"
 
 
 class _IO:
@@ -224,7 +226,9 @@ class _Heart:
                 a._want_status = None
             for name in io.script("beat", [k.beat, k.status], argv):
                 reply = io.script("outcome", [k.stream, k.parents, k.status, k.inbox],
-                                  ["lost", name, name, "no replica heartbeat within the lease"])
+                                  ["lost", name, name, _LOST,
+                                   *core.sign_outcome(self.bus._signer, k.channel, "lost", name, name,
+                                                      _LOST)])
                 core.raise_if_refused(reply)
 
 
@@ -249,6 +253,7 @@ class Bus:
         self._closed = False
         self._heart = _Heart(self)
         self._checked_eviction = False
+        self._signer = Signer(self.settings.signing_keys)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -548,6 +553,7 @@ class Agent:
         plan = core.plan_send(
             self.name, to, body, subject=subject, type=type, priority=priority,
             reply_to=reply_to, ttl_s=ttl_s, idempotency_key=idempotency_key, trace=trace,
+            signer=self._bus._signer, channel=self.channel.name,
         )
         wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
         try:
@@ -578,7 +584,9 @@ class Agent:
         for item in items:
             kw = dict(item) if isinstance(item, Mapping) else {"to": item[0], "body": item[1]}
             to, body = kw.pop("to"), kw.pop("body")
-            plans.append((core.plan_send(self.name, to, body, **kw), kw.get("type", "message")))
+            plan = core.plan_send(self.name, to, body, **kw, signer=self._bus._signer,
+                                  channel=self.channel.name)
+            plans.append((plan, kw.get("type", "message")))
         if not plans:
             return []
         replies = self._bus._io.scripts_raw([("send", self._send_keys, p.argv) for p, _ in plans])
@@ -648,7 +656,8 @@ class Agent:
         self._deferred.clear()
         if pull:
             self._pel_dirty = True
-        msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview)
+        msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview,
+                               signer=self._bus._signer, unsigned=self._bus.settings.unsigned)
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
             self._handed.update(m.id for m in mine)
@@ -766,9 +775,15 @@ class Agent:
                 continue
             if own and entry_id in self._handed:
                 continue  # this handle already returned it
+            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
+            if ok is False and self._bus.settings.unsigned == "reject":
+                self._deferred += ["a", entry_id]  # forged or unsigned: never handed over
+                log.warning("redisbus: dropped message %s to %s: bad or missing signature",
+                            entry_id, self.name)
+                continue
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
-            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True)
+            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True, verified=ok)
             out.append(msg)
             if msg.type != "control":
                 self._handed.add(entry_id)
@@ -800,8 +815,12 @@ class Agent:
         out = []
         for entry_id, flat, deliveries in claimed:
             f = core.fields_from_flat(flat)
+            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
+            if ok is False and self._bus.settings.unsigned == "reject":
+                self._deferred += ["a", entry_id]
+                continue
             msg = core.message_from_fields(self.channel.name, entry_id, f, read=True,
-                                           deliveries=int(deliveries))
+                                           deliveries=int(deliveries), verified=ok)
             self._handed.add(entry_id)
             self._deferred += ["r", entry_id]
             out.append(msg)
@@ -878,8 +897,9 @@ class Agent:
         body = check.body(check.text(text, "text", 32768, allow_newlines=True))
         k = self._keys
         self.flush()
+        sigs = core.sign_outcome(self._bus._signer, self.channel.name, op, self.name, target, body)
         reply = self._bus._io.script(
-            "outcome", [k.stream, k.parents, k.status, k.inbox], [op, self.name, target, body]
+            "outcome", [k.stream, k.parents, k.status, k.inbox], [op, self.name, target, body, *sigs]
         )
         core.raise_if_refused(reply)
         if reply[1]:

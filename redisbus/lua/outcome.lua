@@ -5,6 +5,8 @@
 -- ARGV[1] op: "complete" | "fail" | "cancel" | "lost"
 -- ARGV[2] actor: the agent calling (for "cancel", the parent; otherwise the agent itself)
 -- ARGV[3] target agent   ARGV[4] text: summary, error or reason
+-- ARGV[5] signature of the outcome message or ""   ARGV[6] of the control message or ""
+-- ARGV[7] signing time (ms) or ""   (see _signing.py; the client signs what this writes)
 --
 -- returns {0, code, message}   refused
 --      or {1, outcome entry id or "", control entry id or "", cancelled count}
@@ -16,6 +18,14 @@
 
 local stream, parents, status, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local op, actor, target, text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local outcome_sig, control_sig, sig_ts = ARGV[5] or '', ARGV[6] or '', ARGV[7] or ''
+local function signed(fields, sig)
+  if sig ~= '' then
+    fields[#fields + 1] = 'g'; fields[#fields + 1] = sig
+    fields[#fields + 1] = 'n'; fields[#fields + 1] = sig_ts
+  end
+  return fields
+end
 
 local st = redis.call('HGET', status, target)
 if not st then return {0, 'unknown_agent', 'no such agent: ' .. target} end
@@ -73,8 +83,8 @@ if op == 'cancel' or op == 'lost' then wake[1] = target end
 for _, v in ipairs(victims) do wake[#wake + 1] = v end
 local control_id = ''
 if #wake > 0 then
-  control_id = redis.call('XADD', stream, '*', 'f', actor, 't', table.concat(wake, '\n'),
-    'b', text, 's', 'cancel', 'k', 'control')
+  control_id = redis.call('XADD', stream, '*', unpack(signed({'f', actor,
+    't', table.concat(wake, '\n'), 'b', text, 's', 'cancel', 'k', 'control'}, control_sig)))
   for _, w in ipairs(wake) do redis.call('HINCRBY', inbox, w, 1) end
 end
 
@@ -83,8 +93,8 @@ local outcome_id = ''
 if parent ~= '' then
   local ps = redis.call('HGET', status, parent)
   if ps == 'running' or ps == 'waiting' or ps == 'idle' or ps == 'completed' then
-    outcome_id = redis.call('XADD', stream, '*', 'f', target, 't', parent, 'b', text,
-      's', new_status, 'k', 'outcome')
+    outcome_id = redis.call('XADD', stream, '*', unpack(signed({'f', target, 't', parent,
+      'b', text, 's', new_status, 'k', 'outcome'}, outcome_sig)))
     redis.call('HINCRBY', inbox, parent, 1)
   end
 end

@@ -176,7 +176,7 @@ else
       else
         resolved = sp
       end
-    elseif redis.call('HEXISTS', parents, name) == 0 then
+    elseif not redis.call('HGET', parents, name) then
       resolved = redis.call('HGET', ids, name)
       if not resolved then
         local r = refuse_one(name, 'unknown_agent', 'no such agent: ' .. name)
@@ -240,8 +240,13 @@ if not s_ok then
 end
 
 -- every check passed: write
-if s_tokens then redis.call('HSET', rate, 's\n' .. sender, s_tokens .. ' ' .. now) end
-for _, u in ipairs(pair_updates) do redis.call('HSET', rate, u[1], u[2] .. ' ' .. now) end
+local buckets = {}
+if s_tokens then buckets = {'s\n' .. sender, s_tokens .. ' ' .. now} end
+for _, u in ipairs(pair_updates) do
+  buckets[#buckets + 1] = u[1]
+  buckets[#buckets + 1] = u[2] .. ' ' .. now
+end
+if #buckets > 0 then redis.call('HSET', rate, unpack(buckets)) end
 for _, name in ipairs(accepted) do redis.call('HINCRBY', inbox, name, 1) end
 local to = table.concat(accepted, '\n')
 local fields = {'f', sender, 't', to, 'b', body}
