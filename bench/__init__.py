@@ -11,8 +11,11 @@ README).
 names them); ``--full`` (or ``--only memory``) sends 1,000,000 messages in the memory figure
 instead of 100,000; ``--rounds N``.
 
+``python -m bench.costs`` prints what one call of each operation costs (wall time, round
+trips, commands sent, commands and time on the server): where to look before optimising.
+
 Modules: ``server`` (the Redis server), ``baselines`` (raw redis-py, redis.asyncio,
 FastStream), ``cases`` (redisbus, public API only), ``figures`` (which case goes beside which
 baseline, and the targets), ``report`` (medians, targets, table, JSON, markdown), ``common``
-(run context, payloads, statistics).
+(run context, payloads, statistics), ``costs`` (the per-call cost sheet).
 """

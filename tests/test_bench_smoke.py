@@ -69,3 +69,19 @@ def test_bench_quick_send_writes_results(tmp_path: Path) -> None:
     assert md.startswith("# Benchmark results")
     assert "| figure |" in md
     assert str(tmp_path) not in md  # no machine paths in the pasteable table
+
+
+@pytest.mark.timeout(300)
+def test_bench_costs_runs() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "REDISBUS_BENCH_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.costs", "--fanout", "5"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for op in ("send() to one", "wait(), one message ready", "mark_done(one)", "read()"):
+        assert op in proc.stdout
