@@ -340,7 +340,7 @@ class Exporter:
         except (RedisError, RedisbusError, OSError) as e:
             log.warning("janitor: pass failed: %s", e)
             return True
-        if any("NOPERM" in err or "permission" in err.lower() for err in report.errors):
+        if any(_denied(err) for err in report.errors):
             log.warning(
                 "janitor: the Redis user may not write (%s); janitor stopped. Run "
                 "`redisbus janitor` with the agent user, or set REDISBUS_JANITOR=false.",
@@ -396,6 +396,12 @@ class Exporter:
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _denied(error: str) -> bool:
+    """Whether a janitor error is Redis' ACL refusing a write (wording differs by version)."""
+    text = error.lower()
+    return any(w in text for w in ("noperm", "no permissions", "can't run this command"))
 
 
 def _handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:

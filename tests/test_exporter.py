@@ -27,10 +27,15 @@ from redisbus import Bus, BusSettings
 from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings, main
 from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
+from tests import cluster_servers, test_redis_acl
 from tests.prometheus_fixture import free_port
 from tests.servers import start_server, wait_for
 
 FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
+
+# shared fixtures: a Redis running deploy/redis/users.acl; a three-shard Redis Cluster
+acl_redis = test_redis_acl.acl_redis
+redis_cluster = cluster_servers.redis_cluster
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -432,3 +437,76 @@ def test_settings_read_the_variables_deploy_uses(monkeypatch: pytest.MonkeyPatch
     )
     assert ExporterSettings.model_fields["exporter_port"].default == 9120
     assert ExporterSettings.model_fields["watchdog_stale_s"].default == 60.0
+
+
+def test_exporter_reads_under_the_read_only_acl_user_and_its_janitor_stands_down(
+    acl_redis: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # given a bus run by the agent user: two unread messages, two that are done (trimmable)
+    port, passwords = acl_redis["port"], acl_redis["passwords"]
+    url = f"redis://127.0.0.1:{port}/0"
+    agent_settings = BusSettings(metrics=False, username="agent", password=passwords["agent"])
+    bus = Bus.from_url(url, settings=agent_settings)
+    try:
+        ch = bus.channel("team", **FAST)
+        a, b = ch.join("a"), ch.join("b")
+        for i in range(4):
+            a.send("b", f"{i}")
+        b.mark_done(b.read(limit=2))
+        # when the exporter runs as the deploy files run it: the `exporter` user
+        caplog.set_level(logging.WARNING, logger="redisbus.exporter")
+        settings = ExporterSettings(
+            url=url,
+            username="exporter",
+            password=passwords["exporter"],
+            exporter_port=0,
+            exporter_addr="127.0.0.1",
+            exporter_interval_s=3600,
+            janitor=True,
+            janitor_interval_s=0.05,
+        )
+        with Exporter(settings) as e:
+            samples = scrape(e.port)
+            # then it reads every number with read-only commands
+            assert gauge(samples, "redisbus_unread_messages") == 2
+            assert gauge(samples, "redisbus_channels") == 1
+            assert healthz(e.port)[0] == 200
+            # and the janitor, which must write, says so once and stops
+            assert wait_for(
+                lambda: any("janitor stopped" in r.getMessage() for r in caplog.records)
+            )
+        assert ch.length() == 4  # nothing was trimmed under the read-only user
+    finally:
+        bus.close()
+
+
+def test_exporter_reads_channels_on_every_shard_of_a_cluster(
+    redis_cluster: cluster_servers.Cluster,
+) -> None:
+    # given one channel on each primary of a Redis Cluster, with 1, 2, 3 unread messages
+    redis_cluster.wait_healthy()
+    redis_cluster.flush()
+    url = redis_cluster.url
+    bus = Bus.from_url(url, cluster=True, settings=BusSettings(metrics=False))
+    try:
+        names = [redis_cluster.channel_on(p) for p in redis_cluster.primaries()]
+        for n, name in enumerate(names, start=1):
+            ch = bus.channel(name, **FAST)
+            a = ch.join("a")
+            ch.join("b")
+            for _ in range(n):
+                a.send("b", "x")
+        # when an exporter reads the cluster from one node's URL
+        settings = ExporterSettings(
+            url=url, cluster=True, exporter_port=0, exporter_addr="127.0.0.1", janitor=False
+        )
+        with Exporter(settings) as e:
+            samples = scrape(e.port)
+        # then every shard's channel is counted
+        assert len(names) == 3
+        assert gauge(samples, "redisbus_channels") == 3
+        assert gauge(samples, "redisbus_unread_messages") == 1 + 2 + 3
+        for n, name in enumerate(names, start=1):
+            assert gauge(samples, "redisbus_channel_unread_messages", channel=name) == n
+    finally:
+        bus.close()
