@@ -24,10 +24,10 @@ When the last read of Redis failed, only the scrape duration is served: no data 
 than old data presented as current (and ``/healthz`` says why). See :mod:`redisbus.fleet` for
 the exact definitions and the bounds on the work done per read.
 
-The watchdog compares each snapshot with the previous one: when an agent of a channel gets
-unread messages older than the threshold it logs one warning line (and one info line when it
-recovers) and, with ``watchdog_webhook_url`` set, POSTs a JSON object per transition from a
-background thread; webhook failures are logged, never raised.
+The watchdog (:mod:`redisbus.watchdog`) compares each snapshot with the previous one: when an
+agent of a channel gets unread messages older than ``watchdog_stale_s`` it logs one warning
+line (and one info line when it recovers) and, with ``watchdog_webhook_url`` set, POSTs a JSON
+object per change; webhook failures are logged, never raised.
 
 The janitor (``janitor=True``) runs :func:`redisbus.janitor.sweep_all` every
 ``janitor_interval_s``. It writes (trim, dead-letter), so the exporter's Redis user needs the
@@ -42,14 +42,11 @@ Run it::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import queue
 import signal
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
@@ -65,11 +62,12 @@ from redis.exceptions import RedisError
 from ._errors import InvalidInput, RedisbusError
 from ._settings import BusSettings
 from .bus import Bus
-from .fleet import AgentBacklog, FleetSnapshot, read_fleet
+from .fleet import FleetSnapshot, read_fleet
 from .janitor import sweep_all
 from .metrics import FLEET_GAUGES
+from .watchdog import Watchdog
 
-__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "Watchdog", "main", "serve"]
+__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "main", "serve"]
 
 log = logging.getLogger("redisbus.exporter")
 
@@ -147,101 +145,6 @@ def fleet_families(snap: FleetSnapshot, top_n: int) -> Iterator[GaugeMetricFamil
     yield _gauge("redisbus_watchdog_stale_unread_messages", snap.stale)
 
 
-# -- the watchdog -------------------------------------------------------------------------------
-
-
-class Watchdog:
-    """Reports each (channel, agent) that starts or stops having stale unread messages."""
-
-    def __init__(
-        self, threshold_s: float, webhook_url: str | None = None, timeout_s: float = 5.0
-    ) -> None:
-        self.threshold_s = threshold_s
-        self._stale: dict[tuple[str, str], AgentBacklog] = {}
-        self._webhook = _Webhook(webhook_url, timeout_s) if webhook_url else None
-
-    def check(self, snap: FleetSnapshot) -> list[dict[str, Any]]:
-        """Compare with the previous snapshot; log and post each change. Returns the events."""
-        now = {(b.channel, b.agent): b for b in snap.stale_backlogs()}
-        events = [
-            self._event("stale", b, snap.now_ms) for k, b in now.items() if k not in self._stale
-        ]
-        events += [
-            self._event("recovered", b, snap.now_ms) for k, b in self._stale.items() if k not in now
-        ]
-        self._stale = now
-        for e in events:
-            self._log(e)
-            if self._webhook is not None:
-                self._webhook.post(e)
-        return events
-
-    def _event(self, state: str, b: AgentBacklog, now_ms: int) -> dict[str, Any]:
-        age = (now_ms - b.oldest_unread_ms) / 1000 if b.oldest_unread_ms is not None else 0.0
-        return {
-            "event": "redisbus.watchdog",
-            "state": state,
-            "channel": b.channel,
-            "agent": b.agent,
-            "stale_unread": b.stale if state == "stale" else 0,
-            "oldest_unread_age_s": round(max(age, 0.0), 3) if state == "stale" else 0.0,
-            "threshold_s": self.threshold_s,
-        }
-
-    def _log(self, e: dict[str, Any]) -> None:
-        if e["state"] == "stale":
-            log.warning(
-                "watchdog: channel %r agent %r has %d unread message(s) older than %g s "
-                "(oldest %.1f s)",
-                e["channel"], e["agent"], e["stale_unread"], e["threshold_s"],
-                e["oldest_unread_age_s"],
-            )  # fmt: skip
-        else:
-            log.info("watchdog: channel %r agent %r has no stale unread message now",
-                     e["channel"], e["agent"])  # fmt: skip
-
-    def close(self) -> None:
-        if self._webhook is not None:
-            self._webhook.close()
-
-
-class _Webhook:
-    """POSTs events from one daemon thread, so a slow receiver never delays a read of Redis.
-    The queue is bounded: when the receiver cannot keep up, new events are dropped (logged)."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url = url
-        self.timeout_s = timeout_s
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=1000)
-        self._thread = threading.Thread(target=self._run, name="redisbus-webhook", daemon=True)
-        self._thread.start()
-
-    def post(self, event: dict[str, Any]) -> None:
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            log.warning("watchdog: webhook queue full, event dropped: %s", event)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=self.timeout_s + 1)
-
-    def _run(self) -> None:
-        while (event := self._queue.get()) is not None:
-            self._send(event)
-
-    def _send(self, event: dict[str, Any]) -> None:
-        body = json.dumps(event).encode()
-        req = urllib.request.Request(
-            self.url, data=body, method="POST", headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                r.read()
-        except Exception as e:  # any failure of the receiver is logged, never raised
-            log.warning("watchdog: webhook POST failed: %s", e)
-
-
 # -- the exporter -------------------------------------------------------------------------------
 
 
@@ -289,6 +192,9 @@ class Exporter:
             )
             error = None
         except (RedisError, RedisbusError, OSError) as e:
+            snap, error = None, f"{type(e).__name__}: {e}"
+        except Exception as e:  # a reply we did not expect must not stop the read loop
+            log.exception("exporter: reading Redis failed")
             snap, error = None, f"{type(e).__name__}: {e}"
         duration = time.perf_counter() - t0
         with self._lock:
@@ -339,6 +245,9 @@ class Exporter:
             report = sweep_all(self.bus)
         except (RedisError, RedisbusError, OSError) as e:
             log.warning("janitor: pass failed: %s", e)
+            return True
+        except Exception:  # the next pass may succeed; the exporter keeps serving meanwhile
+            log.exception("janitor: pass failed")
             return True
         if any(_denied(err) for err in report.errors):
             log.warning(
@@ -446,28 +355,39 @@ def serve(settings: ExporterSettings | None = None, stop: threading.Event | None
         stop.wait()
 
 
+# (option, ExporterSettings field, type, help); each option defaults to its REDISBUS_ variable
+_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
+    ("--url", "url", str, "the fleet's Redis URL"),
+    ("--port", "exporter_port", int, "port of /metrics and /healthz; 0 picks a free one"),
+    ("--addr", "exporter_addr", str, "address to listen on"),
+    ("--top-n", "exporter_top_n", int, "channels given their own unread series"),
+    ("--interval-s", "exporter_interval_s", float, "seconds between reads of Redis"),
+    ("--max-channels", "exporter_max_channels", int, "channels read per pass (by name)"),
+    ("--stale-s", "watchdog_stale_s", float, "watchdog: unread older than this is stale"),
+    ("--webhook-url", "watchdog_webhook_url", str, "watchdog: POST a JSON event per change"),
+    ("--janitor", "janitor", bool, "run the janitor (reclaim, dead-letter, trim)"),
+    ("--janitor-interval-s", "janitor_interval_s", float, "seconds between janitor passes"),
+)
+
+
 def _parser(d: ExporterSettings) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="redisbus exporter",
         description="Fleet gauges read from Redis on /metrics, /healthz, the watchdog and the "
         "janitor. Every option defaults to its REDISBUS_* environment variable.",
     )
-    add = p.add_argument
-    add("--url", default=d.url, help="Redis URL (REDISBUS_URL)")
-    add("--port", type=int, default=d.exporter_port, help="(REDISBUS_EXPORTER_PORT)")
-    add("--addr", default=d.exporter_addr, help="(REDISBUS_EXPORTER_ADDR)")
-    add("--top-n", type=int, default=d.exporter_top_n, help="(REDISBUS_EXPORTER_TOP_N)")
-    add("--interval-s", type=float, default=d.exporter_interval_s,
-        help="(REDISBUS_EXPORTER_INTERVAL_S)")  # fmt: skip
-    add("--max-channels", type=int, default=d.exporter_max_channels,
-        help="(REDISBUS_EXPORTER_MAX_CHANNELS)")  # fmt: skip
-    add("--stale-s", type=float, default=d.watchdog_stale_s, help="(REDISBUS_WATCHDOG_STALE_S)")
-    add("--webhook-url", default=d.watchdog_webhook_url, help="(REDISBUS_WATCHDOG_WEBHOOK_URL)")
-    add("--janitor", action=argparse.BooleanOptionalAction, default=d.janitor,
-        help="(REDISBUS_JANITOR)")  # fmt: skip
-    add("--janitor-interval-s", type=float, default=d.janitor_interval_s,
-        help="(REDISBUS_JANITOR_INTERVAL_S)")  # fmt: skip
-    add("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    for flag, name, kind, text in _OPTIONS:
+        default = getattr(d, name)
+        # URLs may carry credentials: never echo them in --help
+        now = "" if kind is str and name != "exporter_addr" else f"; now {default}"
+        text = f"{text} (REDISBUS_{name.upper()}{now})"
+        if kind is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default,
+                           help=text)  # fmt: skip
+        else:
+            metavar = flag.rsplit("-", 1)[-1].upper()
+            p.add_argument(flag, dest=name, type=kind, default=default, help=text, metavar=metavar)
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
@@ -475,18 +395,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ExporterSettings, str
     """(settings, log level): the environment's ExporterSettings, overridden by options."""
     env = ExporterSettings()
     a = _parser(env).parse_args(argv)
-    settings = ExporterSettings(
-        url=a.url,
-        exporter_port=a.port,
-        exporter_addr=a.addr,
-        exporter_top_n=a.top_n,
-        exporter_interval_s=a.interval_s,
-        exporter_max_channels=a.max_channels,
-        watchdog_stale_s=a.stale_s,
-        watchdog_webhook_url=a.webhook_url,
-        janitor=a.janitor,
-        janitor_interval_s=a.janitor_interval_s,
-    )
+    settings = ExporterSettings(**{name: getattr(a, name) for _, name, _, _ in _OPTIONS})
     return settings, str(a.log_level)
 
 

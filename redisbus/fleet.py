@@ -22,8 +22,10 @@ each of them, as it does in their inboxes):
 Only commands the exporter's least-privilege ACL user has are used (``SMEMBERS``, ``TIME``,
 ``XINFO GROUPS``, ``XPENDING``, ``XRANGE``, ``XLEN``, ``HGETALL``, ``HMGET``). Work per read is
 bounded: at most ``max_channels`` channels (the first in name order; the rest are left out
-and the snapshot says how many), ``pel_cap`` pending entries per agent, and ``scan_cap``
-stream entries scanned per agent to find queued unread messages. When that scan stops
+and the snapshot says how many), ``pel_cap`` pending entries per agent (read marks past it
+are not looked at, so those entries count as unread), and ``scan_cap`` stream entries
+scanned per agent to find queued unread messages. Agents with nothing undone cost nothing
+beyond the channel's first pipeline. When that scan stops
 short, the oldest unread age is taken from the last entry scanned: an overestimate, never a
 miss. Each stage is one pipeline for all channels, so a read costs a handful of round trips
 whatever the number of channels.
