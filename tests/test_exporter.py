@@ -28,6 +28,7 @@ from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings, main
 from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
+from tests.deploy_support import DEPLOY, K8S, yaml_docs
 from tests.prometheus_fixture import free_port
 from tests.servers import start_server, wait_for
 
@@ -423,20 +424,25 @@ def test_command_line_refuses_bad_values(capsys: pytest.CaptureFixture[str]) -> 
     assert "exporter_port" in capsys.readouterr().err
 
 
-def test_settings_read_the_variables_deploy_uses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("REDISBUS_EXPORTER_PORT", "9999")
-    monkeypatch.setenv("REDISBUS_EXPORTER_TOP_N", "20")
-    monkeypatch.setenv("REDISBUS_WATCHDOG_STALE_S", "45")
-    monkeypatch.setenv("REDISBUS_JANITOR", "false")
-    s = ExporterSettings()
-    assert (s.exporter_port, s.exporter_top_n, s.watchdog_stale_s, s.janitor) == (
-        9999,
-        20,
-        45.0,
-        False,
-    )
-    assert ExporterSettings.model_fields["exporter_port"].default == 9120
-    assert ExporterSettings.model_fields["watchdog_stale_s"].default == 60.0
+def test_settings_read_every_variable_the_deploy_files_give_the_exporter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given the exporter's environment in docker-compose.yml and the Kubernetes ConfigMap
+    (compose,) = yaml_docs(DEPLOY / "docker-compose.yml")
+    (configmap,) = [d for d in yaml_docs(K8S / "configmap.yaml") if d["kind"] == "ConfigMap"]
+    for env in (compose["services"]["exporter"]["environment"], configmap["data"]):
+        # then each variable is a setting of the exporter, and its value parses
+        assert {k for k in env if k.startswith("REDISBUS_")} <= {
+            f"REDISBUS_{name.upper()}" for name in ExporterSettings.model_fields
+        }
+        for key, value in env.items():
+            if "${" not in str(value):  # secrets come from the operator's .env
+                monkeypatch.setenv(key, str(value))
+        s = ExporterSettings()
+        assert (s.exporter_port, s.exporter_top_n, s.watchdog_stale_s) == (9120, 20, 60.0)
+    # and the defaults are the ones SPEC and deploy/ assume
+    d = ExporterSettings.model_fields
+    assert (d["exporter_port"].default, d["watchdog_stale_s"].default) == (9120, 60.0)
 
 
 def test_exporter_reads_under_the_read_only_acl_user_and_its_janitor_stands_down(
