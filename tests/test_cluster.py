@@ -15,13 +15,14 @@ from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
-from redis.exceptions import MovedError
+from redis.exceptions import MovedError, RedisClusterException
 
-from redisbus import AsyncBus, Bus
+from redisbus import AsyncBus, Bus, BusConnectionError
+from redisbus.embedded import free_port
 
 pytest.register_assert_rewrite("tests.cluster_servers")
 
-from tests import test_contract  # noqa: E402
+from tests import test_contract, test_reliability  # noqa: E402
 from tests.cluster_servers import (  # noqa: E402
     Cluster,
     Consumer,
@@ -37,6 +38,20 @@ pytest_plugins = ["tests.cluster_servers"]
 
 # Collect every contract test here too; the fixtures below decide what they run against.
 globals().update({n: f for n, f in vars(test_contract).items() if n.startswith("test_")})
+
+# And the reliability tests written for one standalone ``redis7`` server (all but the slow
+# million-message figure and those that start servers of their own).
+RELIABILITY = [
+    "test_sigkilled_replica_messages_go_to_the_other_replica",
+    "test_messages_delivered_too_often_are_dead_lettered_and_can_be_replayed",
+    "test_janitor_trims_acked_entries_and_keeps_pending_ones",
+    "test_retention_trims_old_undone_messages_and_fixes_counters",
+    "test_idle_consumers_are_removed_only_when_nothing_is_pending",
+]
+# Not test_script_flush_and_client_kill_lose_and_double_nothing: it kills one node's clients
+# every 30 ms, and on a Cluster a wait() can exhaust its retries there; when it fails, its
+# chaos thread is never stopped and breaks every later test. The Cluster version is below.
+globals().update({n: getattr(test_reliability, n) for n in RELIABILITY})
 
 # channel name -> port of the primary that held its keys when its test ended
 LANDED: dict[str, int] = {}
@@ -61,6 +76,31 @@ def cluster(redis_cluster: Cluster) -> Cluster:
     redis_cluster.wait_healthy()
     redis_cluster.flush()
     return redis_cluster
+
+
+class ClusterAsServer:
+    """What the reliability tests use of a ``Server``, backed by the cluster: buses made from
+    ``url`` are Cluster buses through ``REDISBUS_CLUSTER`` (worker processes inherit it)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url
+
+    @property
+    def port(self) -> int:
+        return self.cluster.any_live_port()
+
+    def client(self) -> RedisCluster:
+        return self.cluster.client()
+
+
+@pytest.fixture
+def redis7(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> ClusterAsServer:
+    monkeypatch.setenv("REDISBUS_CLUSTER", "true")
+    return ClusterAsServer(cluster)
 
 
 @pytest.fixture
@@ -204,3 +244,26 @@ def test_script_flush_and_client_kill_on_every_node_lose_and_double_nothing(
             f"\n[cluster script flush + client kill, {face}] {killed} connections killed; "
             f"{out.summary()}; {live.summary()}"
         )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RedisClusterException,
+    reason="core: redis-py's RedisClusterException is not a RedisError, so _IO.call lets it out",
+)
+def test_unreachable_cluster_is_a_bus_connection_error(face: str) -> None:
+    # given: a cluster URL where nothing listens
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    s = settings(connect_timeout_s=0.5, retry_attempts=1)
+    # when / then: the typed error of the bus, from either face, never a raw redis-py one
+    with pytest.raises(BusConnectionError):
+        if face == "sync":
+            Bus.from_url(url, cluster=True, settings=s).channel("nowhere")
+        else:
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(
+                    AsyncBus.from_url(url, cluster=True, settings=s).channel("nowhere")
+                )
+            finally:
+                loop.close()
