@@ -86,6 +86,15 @@ LimitOpt = Annotated[
     int, typer.Option("--limit", "-n", envvar="REDISBUS_LIMIT", help="At most this many.")
 ]
 
+RoutingOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--routing",
+        envvar="REDISBUS_ROUTING",
+        help="open | family: only used when this command creates the channel.",
+    ),
+]
+
 
 class Exit(Exception):
     """A one-line failure with an exit status (raised by commands, printed by ``main``)."""
@@ -133,25 +142,15 @@ def existing_channel(bus: Bus, name: str) -> Channel:
     return bus.channel(cname)
 
 
-def attach(ch: Channel, name: str, parent: str | None, settings: BusSettings) -> Agent:
+def attach(ch: Channel, name: str, parent: str | None, settings: BusSettings, **card: Any) -> Agent:
     """Join as ``name`` (re-attaching when it is already a member) with a CLI replica name."""
     replica = settings.replica or f"{settings.host}/cli"
-    return ch.join(name, parent=parent, replica=replica)
+    return ch.join(name, parent=parent, replica=replica, **card)
 
 
 def write_json(value: object) -> None:
     sys.stdout.write(json.dumps(value, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
-
-
-RoutingOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--routing",
-        envvar="REDISBUS_ROUTING",
-        help="open | family: only used when this command creates the channel.",
-    ),
-]
 
 
 def raw_redis(fn: Any, *args: Any, **kw: Any) -> Any:

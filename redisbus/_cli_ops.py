@@ -80,28 +80,33 @@ def tail(
         where = "from the start" if from_start else "new messages"
         if channel not in bus.channels():
             where += "; the channel does not exist yet"
-        err.print(f"tailing {channel} ({where}); Ctrl-C to stop")
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = 0
-        while count is None or seen < count:
-            block_ms = 1000
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                block_ms = max(1, min(block_ms, int(left * 1000)))
-            batch = raw_redis(r.xread, {keys.stream: last}, count=100, block=block_ms)
-            for entry_id, fields in batch[0][1] if batch else []:
-                last = entry_id
-                m = message_from_fields(channel, entry_id, fields, read=False)
-                if as_json:
-                    write_json(m.as_dict())
-                else:
-                    out.print(message_text(m))
-                    out.file.flush()
-                seen += 1
-                if count is not None and seen >= count:
-                    break
+        try:
+            err.print(f"tailing {channel} ({where}); Ctrl-C to stop")
+            while count is None or seen < count:
+                block_ms = 1000  # short blocks: the deadline and Ctrl-C are noticed promptly
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    block_ms = max(1, min(block_ms, int(left * 1000)))
+                batch = raw_redis(r.xread, {keys.stream: last}, count=100, block=block_ms)
+                for entry_id, fields in batch[0][1] if batch else []:
+                    last = entry_id
+                    m = message_from_fields(channel, entry_id, fields, read=False)
+                    if as_json:
+                        write_json(m.as_dict())
+                    else:
+                        out.print(message_text(m))
+                        out.file.flush()
+                    seen += 1
+                    if count is not None and seen >= count:
+                        break
+        except KeyboardInterrupt:  # the usual way to stop following
+            if count is not None and seen < count:
+                raise Exit(f"interrupted: {seen} of {count} messages", 130) from None
+            return
         if count is not None and seen < count:
             raise Exit(f"timeout: {seen} of {count} messages within {timeout:g} s", 1)
 
@@ -293,6 +298,7 @@ def redis_server(
         )
         sys.stdout.write(f"REDISBUS_URL={server.url}\n")
         sys.stdout.flush()
+        err.print(f"in other shells: export REDISBUS_URL={server.url}")
         while not stop() and server.process.poll() is None:
             time.sleep(0.2)
         if server.process.poll() is not None and not stop():

@@ -64,10 +64,7 @@ def join(
     """Join --as NAME to a channel (creating the channel if needed), so others can address it."""
     with connect(url, prefix, cluster) as bus:
         ch = bus.channel(channel, routing=routing)
-        replica = bus.settings.replica or f"{bus.settings.host}/cli"
-        me = ch.join(
-            agent, parent=parent, replica=replica, description=description, skills=skills or ()
-        )
+        me = attach(ch, agent, parent, bus.settings, description=description, skills=skills or ())
         if as_json:
             write_json(
                 {

@@ -254,6 +254,54 @@ def test_tail_prints_messages_sent_after_it_started(team: Run, redis_url: str) -
     ]
 
 
+def test_tail_stops_cleanly_on_ctrl_c(team: Run, redis_url: str) -> None:
+    tail = subprocess.Popen(
+        [BIN, "tail", CH],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(redis_url),
+    )
+    try:
+        assert tail.stderr is not None and "tailing" in tail.stderr.readline()
+        tail.send_signal(signal.SIGINT)
+        _, errors = tail.communicate(timeout=20)
+    finally:
+        tail.kill()
+
+    assert tail.returncode == 0 and "Traceback" not in errors
+
+
+def test_send_can_wait_for_the_recipient_to_fetch(team: Run, redis_url: str) -> None:
+    waiter = subprocess.Popen(
+        [BIN, "wait", CH, "--as", "designer", "--timeout", "30", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(redis_url),
+    )
+    try:
+        sent = as_json(
+            team(
+                "send",
+                CH,
+                "designer",
+                "are you there?",
+                "--as",
+                "writer",
+                "--await-delivery",
+                "25",
+                "--json",
+            )
+        )
+        out, _ = waiter.communicate(timeout=30)
+    finally:
+        waiter.kill()
+
+    assert sent["status"] in ("delivered", "read") and sent["delivered_at"]
+    assert [m["id"] for m in json.loads(out)["messages"]] == [sent["id"]]
+
+
 def test_tail_from_start_replays_history_in_rich_text(team: Run) -> None:
     ok(team("send", CH, "designer", "Script draft v1 ready", "--as", "writer", "-s", "draft"))
 
