@@ -87,19 +87,12 @@ class Actor:
             self.fetch(left)
 
     def fetch(self, timeout: float) -> None:
-        """What is unread now, else block in ``wait()`` for the next message; then mark done.
+        """Block in ``wait()`` for the next messages, and mark them done at once.
 
-        ``mark_done`` also pulls new entries into the agent's group, and ``wait()`` only blocks
-        for entries not yet pulled, so a message that lands between a ``wait`` and a
-        ``mark_done`` is picked up here by ``read("to:me unread")`` before blocking again.
-        Messages are marked done as soon as they are in the actor's working memory (the
-        auto-done of SPEC §2): a message left pending has its delivery time moved by every
-        later re-read of the pending list, which would blur the latency the summary reports.
+        Done as soon as they are in the actor's working memory (the auto-done of SPEC §2):
+        the receipts then keep the moment of delivery, and the inbox counters stay at zero.
         """
-        seen = {m.id for m in self.inbox}
-        new = [m for m in self.agent.read(filter_by="to:me unread") if m.id not in seen]
-        if not new:
-            new = self.agent.wait(timeout=min(timeout, 300.0)).messages
+        new = self.agent.wait(timeout=min(timeout, 300.0)).messages
         if new:
             self.agent.mark_done(new, result="ok")
             self.inbox += new
