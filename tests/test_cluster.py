@@ -22,7 +22,7 @@ from redisbus.embedded import free_port
 
 pytest.register_assert_rewrite("tests.cluster_servers")
 
-from tests import test_contract, test_reliability  # noqa: E402
+from tests import test_contract, test_family, test_reliability  # noqa: E402
 from tests.cluster_servers import (  # noqa: E402
     Cluster,
     Consumer,
@@ -52,6 +52,9 @@ RELIABILITY = [
 # every 30 ms, and on a Cluster a wait() can exhaust its retries there; when it fails, its
 # chaos thread is never stopped and breaks every later test. The Cluster version is below.
 globals().update({n: getattr(test_reliability, n) for n in RELIABILITY})
+
+# And the agent-family tests (routing, cancellation cascades, outcomes, budgets, serve).
+globals().update({n: f for n, f in vars(test_family).items() if n.startswith("test_")})
 
 # channel name -> port of the primary that held its keys when its test ended
 LANDED: dict[str, int] = {}
@@ -101,6 +104,11 @@ class ClusterAsServer:
 def redis7(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> ClusterAsServer:
     monkeypatch.setenv("REDISBUS_CLUSTER", "true")
     return ClusterAsServer(cluster)
+
+
+@pytest.fixture
+def redis_url(redis7: ClusterAsServer) -> str:
+    return redis7.url
 
 
 @pytest.fixture
