@@ -9,6 +9,7 @@ import time
 from typing import Annotated, Any
 
 import typer
+from rich.progress import track
 from rich.table import Table
 from rich.text import Text
 
@@ -144,7 +145,7 @@ def stats(
     with connect(url, prefix, cluster) as bus:
         names = channels or bus.channels()
         rows = []
-        for name in names:
+        for name in track(names, console=err, transient=True, disable=len(names) < 50):
             ch = existing_channel(bus, name)
             counts = ch.counts()
             rows.append(

@@ -24,6 +24,7 @@ import redis
 
 from redisbus import Bus, BusSettings
 
+# the console script pip installed next to this interpreter (what `make` and users run)
 BIN = shutil.which("redisbus", path=str(Path(sys.executable).parent)) or "redisbus"
 CH = "anime-project-1"
 
@@ -38,6 +39,12 @@ def clean_env(url: str | None, **extra: str) -> dict[str, str]:
 
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(autouse=True)
+def installed() -> None:
+    if shutil.which(BIN) is None:
+        pytest.fail("the redisbus command is not installed: pip install -e '.[dev]'")
 
 
 @pytest.fixture
