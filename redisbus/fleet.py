@@ -5,9 +5,13 @@ each of them, as it does in their inboxes):
 
 * **undone**: the agent's inbox counter (``…:inbox``): addressed to it, not yet done, failed
   or expired. The send, done, claim and sweep scripts keep it in step with the stream.
-* **unread**: undone and not yet read, i.e. ``undone`` minus the agent's pending entries that
-  carry a read mark (``R…`` in ``…:marks``). That covers messages still queued behind the
-  agent's group cursor and messages fetched by a replica but not yet returned to the agent.
+* **unread**: undone and not yet read: ``undone`` minus the messages the agent has on hand,
+  i.e. its pending entries that carry a read mark (``R…`` in ``…:marks``) or that a live
+  replica holds (its heartbeat deadline in ``…:beat`` not passed). What is left are messages
+  queued behind the agent's group cursor and messages fetched by a replica that has since
+  died. A live replica's entries count as on hand because ``wait()`` writes the read marks
+  of what it returned only with the agent's next call: without this, every turn longer than
+  the watchdog threshold would look like a stuck message.
 * **oldest unread age**: Redis ``TIME`` minus the millisecond of the oldest unread entry id
   (the Redis clock at both ends, as for delivery latency).
 * **stale**: unread and older than the watchdog threshold.
@@ -24,11 +28,10 @@ Only commands the exporter's least-privilege ACL user has are used (``SMEMBERS``
 bounded: at most ``max_channels`` channels (the first in name order; the rest are left out
 and the snapshot says how many), ``pel_cap`` pending entries per agent (read marks past it
 are not looked at, so those entries count as unread), and ``scan_cap`` stream entries
-scanned per agent to find queued unread messages. Agents with nothing undone cost nothing
-beyond the channel's first pipeline. When that scan stops
-short, the oldest unread age is taken from the last entry scanned: an overestimate, never a
-miss. Each stage is one pipeline for all channels, so a read costs a handful of round trips
-whatever the number of channels.
+scanned per agent to find queued unread messages (when that scan stops short, the oldest
+unread age is taken from the last entry scanned: an overestimate, never a miss). Agents with
+nothing undone cost nothing beyond the channel's first pipeline. Each stage is one pipeline
+for all channels, so a read costs a handful of round trips whatever the number of channels.
 """
 
 from __future__ import annotations
@@ -134,8 +137,9 @@ class _Agent:
     name: str
     undone: int
     cursor: str
-    pending_ids: list[str] = field(default_factory=list)
-    read_pending: int = 0
+    live: frozenset[str]  # replicas whose heartbeat deadline has not passed
+    pending: list[tuple[str, str]] = field(default_factory=list)  # (entry id, replica)
+    on_hand: int = 0
     unread_pending_ids: list[str] = field(default_factory=list)
 
 
@@ -153,10 +157,10 @@ def read_fleet(
     now_s, now_us = r.time()
     now_ms = int(now_s) * 1000 + int(now_us) // 1000
     keys = [ChannelKeys.build(prefix, n) for n in names[:max_channels]]
-    stats, agents = _read_channels(r, keys)
+    stats, agents = _read_channels(r, keys, now_ms)
     _read_pending(r, agents, pel_cap)
-    _read_marks(r, agents)
-    _drop_unaddressed(r, agents)
+    candidates = _read_marks(r, agents)
+    _sort_unmarked(r, candidates)
     cutoff_ms = now_ms - int(stale_s * 1000)
     for a in agents:
         backlog = _backlog(r, a, cutoff_ms, scan_cap)
@@ -177,7 +181,9 @@ def _pipeline_results(r: Any, calls: Iterable[tuple[str, Sequence[Any]]]) -> lis
     return list(pipe.execute(raise_on_error=False))
 
 
-def _read_channels(r: Any, keys: list[ChannelKeys]) -> tuple[dict[str, ChannelStats], list[_Agent]]:
+def _read_channels(
+    r: Any, keys: list[ChannelKeys], now_ms: int
+) -> tuple[dict[str, ChannelStats], list[_Agent]]:
     calls: list[tuple[str, Sequence[Any]]] = []
     for k in keys:
         calls += [
@@ -185,22 +191,36 @@ def _read_channels(r: Any, keys: list[ChannelKeys]) -> tuple[dict[str, ChannelSt
             ("hgetall", (k.inbox,)),
             ("hgetall", (k.status,)),
             ("xlen", (k.dlq,)),
+            ("hgetall", (k.beat,)),
         ]
     replies = _pipeline_results(r, calls)
     stats: dict[str, ChannelStats] = {}
     agents: list[_Agent] = []
     for i, k in enumerate(keys):
-        groups, inbox, status, dlq = replies[4 * i : 4 * i + 4]
+        groups, inbox, status, dlq, beat = replies[5 * i : 5 * i + 5]
         c = stats[k.channel] = ChannelStats(k.channel)
         c.dead_letters = int(dlq) if isinstance(dlq, int) else 0
         c.statuses.update(v for v in _mapping(status).values() if v in AGENT_STATUSES)
         undone = {a: int(n) for a, n in _mapping(inbox).items()}
         closed = {a for a, s in _mapping(status).items() if s in CLOSED_STATUSES}
+        live = _live_replicas(_mapping(beat), now_ms)
         for g in groups if isinstance(groups, list) else []:
+            name = g["name"]
             c.pending += int(g["pending"])
-            if undone.get(g["name"], 0) > 0 and g["name"] not in closed:
-                agents.append(_Agent(k, g["name"], undone[g["name"]], g["last-delivered-id"]))
+            if undone.get(name, 0) > 0 and name not in closed:
+                replicas = frozenset(live.get(name, ()))
+                agents.append(_Agent(k, name, undone[name], g["last-delivered-id"], replicas))
     return stats, agents
+
+
+def _live_replicas(beat: dict[str, str], now_ms: int) -> dict[str, set[str]]:
+    """agent -> replicas whose heartbeat deadline (``AGENT\\nREPLICA`` -> ms) is ahead."""
+    live: dict[str, set[str]] = {}
+    for key, deadline in beat.items():
+        agent, _, replica = key.partition("\n")
+        if float(deadline) > now_ms:
+            live.setdefault(agent, set()).add(replica)
+    return live
 
 
 def _mapping(reply: Any) -> dict[str, str]:
@@ -211,30 +231,35 @@ def _read_pending(r: Any, agents: list[_Agent], pel_cap: int) -> None:
     calls = [("xpending_range", (a.keys.stream, a.name, "-", "+", pel_cap)) for a in agents]
     for a, reply in zip(agents, _pipeline_results(r, calls), strict=True):
         if isinstance(reply, list):
-            a.pending_ids = [str(p["message_id"]) for p in reply]
+            a.pending = [(str(p["message_id"]), str(p["consumer"])) for p in reply]
 
 
-def _read_marks(r: Any, agents: list[_Agent]) -> None:
-    with_pel = [a for a in agents if a.pending_ids]
-    calls = [("hmget", (a.keys.marks, [f"{i}\n{a.name}" for i in a.pending_ids])) for a in with_pel]
+def _read_marks(r: Any, agents: list[_Agent]) -> list[tuple[_Agent, str, str]]:
+    """Count pending entries with a read mark as on hand; return the others."""
+    with_pel = [a for a in agents if a.pending]
+    calls = [("hmget", (a.keys.marks, [f"{i}\n{a.name}" for i, _ in a.pending])) for a in with_pel]
+    unmarked = []
     for a, marks in zip(with_pel, _pipeline_results(r, calls), strict=True):
-        marks = marks if isinstance(marks, list) else [None] * len(a.pending_ids)
-        for entry_id, mark in zip(a.pending_ids, marks, strict=True):
+        marks = marks if isinstance(marks, list) else [None] * len(a.pending)
+        for (entry_id, replica), mark in zip(a.pending, marks, strict=True):
             if mark and mark.startswith("R"):
-                a.read_pending += 1
+                a.on_hand += 1
             else:
-                a.unread_pending_ids.append(entry_id)
+                unmarked.append((a, entry_id, replica))
+    return unmarked
 
 
-def _drop_unaddressed(r: Any, agents: list[_Agent]) -> None:
-    """Keep only pending entries addressed to the agent: a replica acknowledges the others
-    with its next call, so for a moment they are pending in its group too."""
-    todo = [(a, i) for a in agents for i in a.unread_pending_ids]
-    replies = _pipeline_results(r, [("xrange", (a.keys.stream, i, i)) for a, i in todo])
-    for a in agents:
-        a.unread_pending_ids = []
-    for (a, entry_id), reply in zip(todo, replies, strict=True):
-        if isinstance(reply, list) and reply and _addressed(reply[0][1], a.name):
+def _sort_unmarked(r: Any, unmarked: list[tuple[_Agent, str, str]]) -> None:
+    """Pending entries without a read mark: those addressed to the agent are on hand when a
+    live replica holds them, else unread. Entries not addressed to it are skipped: a replica
+    acknowledges them with its next call, so for a moment they are pending in its group."""
+    calls = [("xrange", (a.keys.stream, i, i)) for a, i, _ in unmarked]
+    for (a, entry_id, replica), reply in zip(unmarked, _pipeline_results(r, calls), strict=True):
+        if not (isinstance(reply, list) and reply and _addressed(reply[0][1], a.name)):
+            continue
+        if replica in a.live:
+            a.on_hand += 1
+        else:
             a.unread_pending_ids.append(entry_id)
 
 
@@ -243,7 +268,7 @@ def _addressed(fields: Any, agent: str) -> bool:
 
 
 def _backlog(r: Any, a: _Agent, cutoff_ms: int, scan_cap: int) -> AgentBacklog:
-    unread = max(a.undone - a.read_pending, 0)
+    unread = max(a.undone - a.on_hand, 0)
     pending_ms = [id_ms(i) for i in a.unread_pending_ids]
     oldest = min(pending_ms, default=None)
     stale = sum(1 for ms in pending_ms if ms < cutoff_ms)

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redisbus import Bus, BusSettings
 from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings, main
+from redisbus.janitor import sweep_all
 from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
 from tests.deploy_support import DEPLOY, K8S, yaml_docs
@@ -160,16 +161,16 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     finally:
         other.close()
 
-    # then unread counts what is undone and not yet read: writer m3 (fetched, not returned),
-    # designer d1 (queued), director's reply and the outcome
+    # then unread counts what is undone and not on hand: designer's d1 (queued), director's
+    # reply and the outcome; writer's m3 is held by its live replica (fetched, not returned)
     assert snap is not None
-    assert gauge(samples, "redisbus_unread_messages") == 1 + 1 + 2
-    assert gauge(samples, "redisbus_channel_unread_messages", channel="alpha") == 4
+    assert gauge(samples, "redisbus_unread_messages") == 1 + 2
+    assert gauge(samples, "redisbus_channel_unread_messages", channel="alpha") == 3
     assert gauge(samples, "redisbus_channel_unread_messages", channel="beta") == 0
-    # the oldest unread is m3, aged on the Redis clock of the read
+    # the oldest unread is d1, aged on the Redis clock of the read
     oldest_s = gauge(samples, "redisbus_oldest_unread_age_seconds")
-    assert oldest_s == pytest.approx((snap.now_ms - id_ms(m3.id)) / 1000)
-    assert id_ms(m3.id) <= id_ms(d1.id)
+    assert oldest_s == pytest.approx((snap.now_ms - id_ms(d1.id)) / 1000)
+    assert id_ms(m3.id) <= id_ms(d1.id) <= id_ms(director_unread[0])
     # pending: writer's m2 (read, not done) and m3 (fetched); the dead letter was acknowledged
     assert gauge(samples, "redisbus_pending_messages") == 2
     assert gauge(samples, "redisbus_dead_letters") == len(beta.dead_letters()) == 1
@@ -208,17 +209,46 @@ def test_unread_falls_to_zero_once_messages_are_read_and_done(
     assert gauge(scrape(e.port), "redisbus_pending_messages") == 0
 
 
-def test_messages_returned_by_wait_are_read(bus: Bus, exporter: Callable[..., Exporter]) -> None:
-    # given a message that wait() returned (its read mark is written with the next call)
+def test_a_message_wait_returned_is_not_unread_during_a_long_turn(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    # given a message that wait() returned: its read mark is written only with b's next call
     ch = bus.channel("waiters", **FAST)
     a, b = ch.join("a"), ch.join("b")
     a.send("b", "hello")
     assert b.wait(timeout=1).kind == "message"
-    b.flush()
-    # then it is pending but not unread
-    samples = scrape(exporter().port)
+    assert not any(v.startswith("R") for v in bus.redis.hgetall(ch.keys.marks).values())
+    # when b's turn outlasts the watchdog threshold
+    time.sleep(0.3)
+    samples = scrape(exporter(watchdog_stale_s=0.1).port)
+    # then it is pending on b's live replica, neither unread nor stale
     assert gauge(samples, "redisbus_unread_messages") == 0
+    assert gauge(samples, "redisbus_watchdog_stale_unread_messages") == 0
     assert gauge(samples, "redisbus_pending_messages") == 1
+
+
+def test_a_message_held_by_a_dead_replica_is_unread_and_goes_stale(
+    bus: Bus, redis_url: str, exporter: Callable[..., Exporter]
+) -> None:
+    # given a replica, with a 0.2 s heartbeat lease, that fetched a message and then died
+    ch = bus.channel("crashy", **FAST)
+    sender = ch.join("sender")
+    ch.join("worker")
+    short = BusSettings(metrics=False, replica="w1", lease_s=0.2, agent_lease_s=0.2)
+    doomed = Bus.from_url(redis_url, settings=short)
+    worker = doomed.channel("crashy").join("worker")
+    sent = sender.send("worker", "work")
+    assert [m.id for m in worker.wait(timeout=1).messages] == [sent.id]
+    doomed.close()  # no more heartbeats
+    time.sleep(0.3)
+    # when the exporter reads, past the replica's deadline and the watchdog's 0.1 s
+    e = exporter(watchdog_stale_s=0.1)
+    samples = scrape(e.port)
+    # then the message is unread and stale: nobody alive has it
+    assert gauge(samples, "redisbus_unread_messages") == 1
+    assert gauge(samples, "redisbus_watchdog_stale_unread_messages") == 1
+    snap, _ = e.last()
+    assert snap is not None and snap.channels[0].oldest_unread_ms == id_ms(sent.id)
 
 
 def test_agents_that_will_never_read_have_no_unread(
@@ -448,7 +478,7 @@ def test_settings_read_every_variable_the_deploy_files_give_the_exporter(
 def test_exporter_reads_under_the_read_only_acl_user_and_its_janitor_stands_down(
     acl_redis: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    # given a bus run by the agent user: two unread messages, two that are done (trimmable)
+    # given a bus run by the agent user: two messages done (trimmable), two unread
     port, passwords = acl_redis["port"], acl_redis["passwords"]
     url = f"redis://127.0.0.1:{port}/0"
     agent_settings = BusSettings(metrics=False, username="agent", password=passwords["agent"])
@@ -456,9 +486,10 @@ def test_exporter_reads_under_the_read_only_acl_user_and_its_janitor_stands_down
     try:
         ch = bus.channel("team", **FAST)
         a, b = ch.join("a"), ch.join("b")
-        for i in range(4):
-            a.send("b", f"{i}")
-        b.mark_done(b.read(limit=2))
+        ch.join("c")
+        for name in ("b", "b", "c", "c"):
+            a.send(name, "x")
+        b.mark_done(b.read())
         # when the exporter runs as the deploy files run it: the `exporter` user
         caplog.set_level(logging.WARNING, logger="redisbus.exporter")
         settings = ExporterSettings(
@@ -481,7 +512,8 @@ def test_exporter_reads_under_the_read_only_acl_user_and_its_janitor_stands_down
             assert wait_for(
                 lambda: any("janitor stopped" in r.getMessage() for r in caplog.records)
             )
-        assert ch.length() == 4  # nothing was trimmed under the read-only user
+        assert ch.length() == 4  # nothing was trimmed under the read-only user...
+        assert sweep_all(bus).trimmed == 2  # ...while the agent user trims b's two
     finally:
         bus.close()
 

@@ -77,9 +77,12 @@ def seed_backlog(redis_url: str) -> None:
     try:
         team = bus.channel("anime-project-1", **FAST)
         director, writer = team.join("director"), team.join("writer", parent="director")
+        team.join("editor", parent="director")
         for i in range(3):
             director.send("writer", f"scene {i}")
-        assert len(writer.read(limit=1)) == 1  # all three fetched, one returned (read)
+        assert len(writer.read(limit=1)) == 1  # all three fetched (pending), one returned
+        for i in range(2):
+            director.send("editor", f"cut {i}")  # never fetched: unread
         # a message delivered once whose lease runs out is dead-lettered (max_deliveries=1)
         jobs = bus.channel("anime-project-2", lease_s=0.1, max_deliveries=1, **FAST)
         jobs.join("worker")
