@@ -10,7 +10,7 @@ label except the top-N series):
 
 =============================================  ==================================================
 ``redisbus_channels``                          channels registered on the bus
-``redisbus_unread_messages``                   undone and not yet read, summed over recipients
+``redisbus_unread_messages``                   undone, not read nor held by a live replica
 ``redisbus_oldest_unread_age_seconds``         Redis TIME minus the oldest unread entry id; 0
 ``redisbus_pending_messages``                  fetched, not acknowledged (all consumer groups)
 ``redisbus_dead_letters``                      entries in the dead-letter streams
@@ -91,7 +91,8 @@ class ExporterSettings(BusSettings):
 
 _HELP = {
     "redisbus_channels": "Channels registered on the bus.",
-    "redisbus_unread_messages": "Messages undone and not yet read, summed over recipients.",
+    "redisbus_unread_messages": "Messages undone and not yet read (queued, or fetched by a "
+    "replica that died), summed over recipients.",
     "redisbus_oldest_unread_age_seconds": "Age of the oldest unread message (Redis clock); "
     "0 when nothing is unread.",
     "redisbus_pending_messages": "Messages fetched and not acknowledged, over all agents.",
