@@ -53,10 +53,15 @@ LIMITS: tuple[str, ...] = (
     "retention_s",
     "lease_s",
     "max_deliveries",
+    "dampen_turns",
+    "dampen_window_s",
+    "breaker_failures",
+    "breaker_window_s",
+    "breaker_cooldown_s",
 )
 _INT_LIMITS = frozenset(
     {"inbox_cap", "max_body_bytes", "max_name_chars", "max_chain_depth", "max_depth",
-     "max_members", "max_messages", "max_deliveries"}
+     "max_members", "max_messages", "max_deliveries", "dampen_turns", "breaker_failures"}
 )
 
 
@@ -91,6 +96,8 @@ def plan_channel(
     settings: BusSettings, routing: object, siblings: object, overrides: Mapping[str, object]
 ) -> list[str]:
     """ARGV for channel.lua: (field, value, explicit) triples."""
+    overrides = dict(overrides)
+    deny = overrides.pop("auto_reply_deny", None)
     unknown = set(overrides) - set(LIMITS)
     if unknown:
         raise InvalidInput(f"unknown channel limit(s): {', '.join(sorted(unknown))}")
@@ -116,6 +123,12 @@ def plan_channel(
             v = float(getattr(settings, field))
             explicit = "0"
         argv += [field, _fmt(v), explicit]
+    if deny is None:
+        argv += ["auto_reply_deny", "\n".join(settings.auto_reply_deny), "0"]
+    else:
+        if isinstance(deny, str) or not all(isinstance(n, str) for n in deny):
+            raise InvalidInput("auto_reply_deny must be a list of agent names")
+        argv += ["auto_reply_deny", "\n".join(check.name(n, "denied sender") for n in deny), "1"]
     return argv
 
 

@@ -10,7 +10,8 @@
     │   ├── RateLimited                        per-pair or per-sender token bucket empty
     │   ├── TooLarge                           body, name or subject over its limit
     │   ├── ChainTooDeep                       reply of a reply ... past max_chain_depth
-    │   ├── LoopRefused                        an auto_reply answering an auto_reply
+    │   ├── LoopRefused                        auto-reply rules, ping-pong dampener
+    │   ├── CircuitOpen                        recipient dead-lettering repeatedly: paused
     │   └── BudgetExceeded                     team budget: depth, members or messages
     ├── RoutingRefused                         recipient outside the sender's reach
     ├── NotPermitted                           e.g. cancelling an agent that is not your child
@@ -32,6 +33,7 @@ __all__ = [
     "ChainTooDeep",
     "ChannelMismatch",
     "ChannelPaused",
+    "CircuitOpen",
     "InboxFull",
     "InvalidInput",
     "LimitExceeded",
@@ -99,6 +101,10 @@ class LoopRefused(LimitExceeded):
     code = "loop"
 
 
+class CircuitOpen(LimitExceeded):
+    code = "circuit_open"
+
+
 class BudgetExceeded(LimitExceeded):
     code = "budget"
 
@@ -141,6 +147,7 @@ _BY_CODE: dict[str, type[RedisbusError]] = {
         TooLarge,
         ChainTooDeep,
         LoopRefused,
+        CircuitOpen,
         BudgetExceeded,
         RoutingRefused,
         NotPermitted,

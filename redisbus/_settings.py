@@ -56,6 +56,23 @@ class BusSettings(BaseSettings):
     max_messages: int = Field(default=0, ge=0, description="team budget: messages, 0 = none")
     retention_s: float = Field(default=7 * 24 * 3600, gt=0)
 
+    # -- loop and runaway protection (seed 003) ------------------------------------------------
+    dampen_turns: int = Field(
+        default=10, ge=0, description="back-and-forth turns between two agents, 0 = off"
+    )
+    dampen_window_s: float = Field(
+        default=10.0, ge=0, description="turns closer than this count as a ping-pong"
+    )
+    breaker_failures: int = Field(
+        default=3, ge=0, description="dead letters of one agent that open its breaker, 0 = off"
+    )
+    breaker_window_s: float = Field(default=300.0, ge=0)
+    breaker_cooldown_s: float = Field(default=60.0, ge=0)
+    auto_reply_deny: list[str] = Field(
+        default_factory=lambda: ["auto_responder", "message-router"],
+        description="senders whose messages never get an automatic answer",
+    )
+
     # -- delivery -----------------------------------------------------------------------------
     wait_timeout_s: float = Field(default=30.0, gt=0, le=MAX_WAIT_S)
     lease_s: float = Field(default=60.0, gt=0, description="redelivery lease of a fetched message")

@@ -41,6 +41,9 @@ class _IO:
         self.settings = settings
         self.cluster = cluster
         self.sha: dict[str, str] = {}
+        # Bumped on every retry: a retried fetch may have delivered entries whose reply was
+        # lost, so the agents re-read their own pending entries (see Agent._fetch).
+        self.retries = 0
 
     async def load(self, name: str) -> str:
         sha = self.sha.get(name)
@@ -59,6 +62,7 @@ class _IO:
                     self.sha.clear()
                     raise err from e
                 if action == "retry" and retry and attempt < self.settings.retry_attempts:
+                    self.retries += 1
                     await asyncio.sleep(backoff_s(attempt))
                     attempt += 1
                     continue
@@ -456,7 +460,7 @@ class AsyncChannel:
         cfg, s = self.config.limits, self.bus.settings
         k = self.keys
         reply = await self.bus._io.script(
-            "sweep", [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta],
+            "sweep", [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
             [int(float(cfg.get("lease_s", s.lease_s)) * 1000),
              int(cfg.get("max_deliveries", s.max_deliveries)),
              int(float(cfg.get("retention_s", s.retention_s)) * 1000),
@@ -737,7 +741,15 @@ class AsyncAgent:
 
     async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[list[Any], int]:
         settle = list(self._deferred) if self._deferred else None
-        entries, now = await self._bus._io.fetch(self._keys, self.name, self.replica, cursor, block_ms, settle)
+        io = self._bus._io
+        before = io.retries
+        try:
+            entries, now = await io.fetch(self._keys, self.name, self.replica, cursor, block_ms, settle)
+        except RedisbusError:
+            self._pel_dirty = True  # the fetch may have delivered entries we never saw
+            raise
+        if io.retries != before:
+            self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
         return entries, now
@@ -790,7 +802,7 @@ class AsyncAgent:
         self._last_claim = now
         k = self._keys
         claimed, dead = await self._bus._io.script(
-            "claim", [k.stream, k.inbox, k.marks, k.dlq],
+            "claim", [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
             [self.name, self.replica, int(lease_s * 1000),
              int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)), 100],
         )

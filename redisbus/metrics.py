@@ -103,6 +103,7 @@ REJECT_REASONS: Final[frozenset[str]] = frozenset(
         "rate_limited",
         "too_large",
         "chain_too_deep",
+        "circuit_open",
         "loop",
         "routing_refused",
         "unknown_agent",

@@ -1,7 +1,7 @@
 -- claim.lua: take over an agent's messages whose lease ran out on another replica, and
 -- dead-letter those already delivered max_deliveries times, in one atomic step.
 --
--- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] dlq
+-- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] dlq  KEYS[5] rate  KEYS[6] meta
 -- ARGV[1] agent (its group)  ARGV[2] consumer (this replica)  ARGV[3] lease (ms, min idle)
 -- ARGV[4] max deliveries     ARGV[5] count (at most this many pending entries examined)
 --
@@ -12,11 +12,30 @@
 -- and a live one is still handling them (it extends its lease). Entries not addressed to the
 -- agent (a replica died before acknowledging them) are acknowledged on the spot.
 
-local stream, inbox, marks, dlq = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local stream, inbox, marks, dlq, rate, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local agent, consumer, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local max_deliveries, count = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- circuit breaker: count a dead letter of `who`; enough within the window open its breaker
+local function trip(who)
+  local cfg = redis.call('HMGET', meta, 'breaker_failures', 'breaker_window_s', 'breaker_cooldown_s')
+  local limit = tonumber(cfg[1] or '0')
+  if limit <= 0 then return end
+  local window, cool = tonumber(cfg[2] or '0') * 1000, tonumber(cfg[3] or '0') * 1000
+  local v = redis.call('HGET', rate, 'b\n' .. who)
+  local n, first = 0, now
+  if v then
+    local a, b = string.match(v, '^(%d+) (%d+)')
+    n, first = tonumber(a), tonumber(b)
+    if now - first > window then n, first = 0, now end
+  end
+  n = n + 1
+  local until_ms = 0
+  if n >= limit then n, first, until_ms = 0, now, now + cool end
+  redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
+end
 
 local function addressed(f)
   for i = 1, #f, 2 do
@@ -47,6 +66,7 @@ for _, p in ipairs(pel) do
       redis.call('HINCRBY', inbox, agent, -1)
       redis.call('HSET', marks, id .. '\n' .. agent, 'F' .. now)
       dead = dead + 1
+      trip(agent)
     else
       local got = redis.call('XCLAIM', stream, agent, consumer, lease, id)
       if got[1] and got[1][2] then claimed[#claimed + 1] = {got[1][1], got[1][2], deliveries + 1} end

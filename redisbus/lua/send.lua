@@ -29,13 +29,16 @@ end
 
 local m = redis.call('HMGET', meta, 'routing', 'siblings', 'paused', 'inbox_cap',
   'max_body_bytes', 'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s',
-  'sender_rate_burst', 'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'sent')
+  'sender_rate_burst', 'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'sent',
+  'dampen_turns', 'dampen_window_s', 'auto_reply_deny')
 if not m[1] then return refuse('unknown_agent', 'no such channel') end
 local routing, siblings, paused = m[1], m[2] == '1', m[3] == '1'
 local inbox_cap, max_body, max_name = tonumber(m[4]), tonumber(m[5]), tonumber(m[6])
 local pair_burst, pair_rate = tonumber(m[7]), tonumber(m[8])
 local snd_burst, snd_rate = tonumber(m[9]), tonumber(m[10])
 local max_chain, max_msgs, sent = tonumber(m[11]), tonumber(m[12]), tonumber(m[13] or '0')
+local dampen_turns, dampen_window = tonumber(m[14] or '0'), tonumber(m[15] or '0') * 1000
+local deny = '\n' .. (m[16] or '') .. '\n'
 
 -- text rules: printable (no C0/C1 control characters), at most max_name characters
 local function chars(s) local _, n = string.gsub(s, '[^\128-\191]', ''); return n end
@@ -97,6 +100,11 @@ if reply_to ~= '' then
     if mtype == 'auto_reply' and ptype == 'auto_reply' then
       return refuse('loop', 'an auto_reply never answers an auto_reply', 0, 1)
     end
+    local psender = ''
+    for i = 1, #f, 2 do if f[i] == 'f' then psender = f[i + 1] end end
+    if mtype == 'auto_reply' and string.find(deny, '\n' .. psender .. '\n', 1, true) then
+      return refuse('loop', 'no automatic answer to ' .. psender .. ' (deny-listed sender)', 0, 1)
+    end
   else
     depth = 1 -- the original was trimmed; count this as a first reply
   end
@@ -123,6 +131,36 @@ local function bucket(field, burst, per_s)
     return false, tokens, math.ceil((1 - tokens) * 1000 / per_s)
   end
   return true, tokens - 1, 0
+end
+
+-- circuit breaker (written by claim.lua / sweep.lua): ms until it closes, or nil
+local function breaker_open(name)
+  local v = redis.call('HGET', rate, 'b\n' .. name)
+  if not v then return nil end
+  local until_ms = tonumber(string.match(v, ' (%d+)$') or '0')
+  if until_ms > now then return until_ms - now end
+  return nil
+end
+
+-- ping-pong dampener: turns of a back-and-forth between sender and `name`, when over limit
+local dampen_updates = {}
+local function pingpong(name)
+  if dampen_turns <= 0 then return nil end
+  local a, b = sender, name
+  if b < a then a, b = b, a end
+  local field = 'd\n' .. a .. '\n' .. b
+  local v = redis.call('HGET', rate, field)
+  local turns = 0
+  if v then
+    local last, n, at = string.match(v, '^(.*) (%d+) (%d+)$')
+    n, at = tonumber(n), tonumber(at)
+    if now - at <= dampen_window then
+      if last == name then turns = n + 1 else turns = n end
+    end
+  end
+  if turns > dampen_turns then return turns end
+  dampen_updates[#dampen_updates + 1] = {field, sender .. ' ' .. turns .. ' ' .. now}
+  return nil
 end
 
 -- routing: may the sender reach `name` (whose parent is `np`)?
@@ -214,6 +252,14 @@ if #targets > 0 then
       local r = refuse_one(name, 'inbox_full', name .. "'s inbox is full",
         inbox_cap, tonumber(depth_now[i] or '0'))
       if r then return r end
+    elseif breaker_open(name) then
+      local r = refuse_one(name, 'circuit_open', name .. ' keeps failing: deliveries paused',
+        0, 0, breaker_open(name))
+      if r then return r end
+    elseif mode ~= 'all' and pingpong(name) then
+      local r = refuse_one(name, 'loop', 'ping-pong between ' .. sender .. ' and ' .. name
+        .. ' dampened', dampen_turns, pingpong(name), dampen_window)
+      if r then return r end
     else
       local field = 'p\n' .. sender .. '\n' .. name
       local ok, tokens, retry = bucket(field, pair_burst, pair_rate)
@@ -245,6 +291,10 @@ if s_tokens then buckets = {'s\n' .. sender, s_tokens .. ' ' .. now} end
 for _, u in ipairs(pair_updates) do
   buckets[#buckets + 1] = u[1]
   buckets[#buckets + 1] = u[2] .. ' ' .. now
+end
+for _, u in ipairs(dampen_updates) do
+  buckets[#buckets + 1] = u[1]
+  buckets[#buckets + 1] = u[2]
 end
 if #buckets > 0 then redis.call('HSET', rate, unpack(buckets)) end
 for _, name in ipairs(accepted) do redis.call('HINCRBY', inbox, name, 1) end

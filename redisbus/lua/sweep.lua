@@ -1,6 +1,7 @@
 -- sweep.lua: the janitor's pass over one channel. Safe on many hosts at once (atomic).
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] idem  KEYS[5] dlq  KEYS[6] meta
+-- KEYS[7] rate (circuit breakers)
 -- ARGV[1] lease (ms)  ARGV[2] max deliveries  ARGV[3] retention (ms)
 -- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
 -- ARGV[5] at most this many entries trimmed (and pending entries examined) per call
@@ -17,11 +18,30 @@
 --    entries: they would become unclaimable).
 
 local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local rate = KEYS[7]
 local lease, max_deliveries, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local consumer_idle, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
+-- circuit breaker: count a dead letter of `who`; enough within the window open its breaker
+local function trip(who)
+  local cfg = redis.call('HMGET', meta, 'breaker_failures', 'breaker_window_s', 'breaker_cooldown_s')
+  local limit = tonumber(cfg[1] or '0')
+  if limit <= 0 then return end
+  local window, cool = tonumber(cfg[2] or '0') * 1000, tonumber(cfg[3] or '0') * 1000
+  local v = redis.call('HGET', rate, 'b\n' .. who)
+  local n, first = 0, now
+  if v then
+    local a, b = string.match(v, '^(%d+) (%d+)')
+    n, first = tonumber(a), tonumber(b)
+    if now - first > window then n, first = 0, now end
+  end
+  n = n + 1
+  local until_ms = 0
+  if n >= limit then n, first, until_ms = 0, now, now + cool end
+  redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
+end
 
 local function next_id(id)
   local m, s = string.match(id, '^(%d+)-(%d+)$')
@@ -52,6 +72,7 @@ for _, g in ipairs(groups) do
         if redis.call('XACK', stream, name, p[1]) == 1 then
           redis.call('HINCRBY', inbox, name, -1)
           dead = dead + 1
+          trip(name)
         end
       end
     end
