@@ -8,7 +8,6 @@ happy path any more.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import multiprocessing as mp
 import time
@@ -262,15 +261,16 @@ def bus_async_pubsub(ctx: Ctx) -> Metrics:
             sender = await ch.join("sender")
             receiver = await ch.join("receiver")
             sink = Sink()
+            stop = asyncio.Event()
 
             async def consume() -> None:
-                while True:
-                    w = await receiver.wait(timeout=1)
+                while not stop.is_set():
+                    w = await receiver.wait(timeout=0.5)
                     now = time.time_ns()
                     for m in w.messages:
                         sink.add(m.body, now)
-                    for m in w.messages:
-                        await receiver.mark_done(m.id)
+                    if w.messages:
+                        await receiver.mark_done(w.messages)
 
             async def publish() -> None:
                 check(await sender.send("receiver", body(), subject=SUBJECT))
@@ -279,9 +279,12 @@ def bus_async_pubsub(ctx: Ctx) -> Metrics:
             try:
                 return await pubsub_phases(publish, sink, n, n_paced)
             finally:
-                consumer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await consumer
+                # stop cooperatively: cancelling a task blocked in a redis.asyncio read is
+                # not reliable (redis-py 8.1 sometimes swallows the cancellation)
+                stop.set()
+                _, pending = await asyncio.wait({consumer}, timeout=5)
+                for task in pending:
+                    task.cancel()
         finally:
             await bus.aclose()
 
