@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from redisbus import Bus, BusSettings
+from tests.servers import Server
 
 # the console script pip installed next to this interpreter (what `make` and users run)
 BIN = shutil.which("redisbus", path=str(Path(sys.executable).parent)) or "redisbus"
@@ -229,6 +230,22 @@ def test_pause_refuses_sends_until_resume(team: Run) -> None:
     assert "PAUSED" in ok(team("agents", CH)).stdout
     ok(team("resume", CH))
     ok(team("send", CH, "designer", "hi", "--as", "writer"))
+
+
+def test_round_trip_on_redis_6_2_the_bundled_server(redis62: Server) -> None:
+    redis62.client().flushall()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [BIN, *args], capture_output=True, text=True, timeout=60, env=clean_env(redis62.url)
+        )
+
+    ok(run("join", CH, "--as", "designer"))
+    sent = as_json(run("send", CH, "designer", "on 6.2", "--as", "writer", "--json"))
+    (got,) = as_json(run("read", CH, "--as", "designer", "--json"))
+    tailed = ok(run("tail", CH, "--from-start", "--count", "1", "--timeout", "5", "--json"))
+
+    assert got["id"] == sent["id"] == json.loads(tailed.stdout)["id"]
 
 
 # -- tail -------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import subprocess
 
 from redisbus import Bus, BusSettings
 from redisbus.demo import percentile
+from tests.servers import Server
 from tests.test_cli import BIN, clean_env
 
 
@@ -71,6 +72,15 @@ def test_demo_uses_the_configured_redis_with_two_processes(redis_url: str) -> No
     assert "embedded" not in p.stdout and "2 OS processes" in p.stdout
     with Bus.from_url(redis_url, settings=BusSettings(metrics=False)) as bus:
         assert [c for c in bus.channels() if c.startswith("neon-dreams-")]
+
+
+def test_demo_runs_on_redis_6_2_the_bundled_server(redis62: Server) -> None:
+    redis62.client().flushall()
+
+    p = run_demo(redis62.url, "--agents-procs", "2")
+
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    assert "30 done" in p.stdout and "REFUSED" in p.stdout
 
 
 def test_percentile_is_nearest_rank() -> None:
