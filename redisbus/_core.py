@@ -18,7 +18,6 @@ from ._errors import (
     error_from_code,
 )
 from ._filters import Filter, later_id, parse_filter, parse_since
-from ._keys import ChannelKeys
 from ._model import (
     MESSAGE_TYPES,
     DeadLetter,
@@ -60,8 +59,18 @@ LIMITS: tuple[str, ...] = (
     "breaker_cooldown_s",
 )
 _INT_LIMITS = frozenset(
-    {"inbox_cap", "max_body_bytes", "max_name_chars", "max_chain_depth", "max_depth",
-     "max_members", "max_messages", "max_deliveries", "dampen_turns", "breaker_failures"}
+    {
+        "inbox_cap",
+        "max_body_bytes",
+        "max_name_chars",
+        "max_chain_depth",
+        "max_depth",
+        "max_members",
+        "max_messages",
+        "max_deliveries",
+        "dampen_turns",
+        "breaker_failures",
+    }
 )
 
 
@@ -106,9 +115,13 @@ def plan_channel(
     if siblings is not None and not isinstance(siblings, bool):
         raise InvalidInput("siblings must be True or False")
     argv: list[str] = [
-        "routing", str(routing or "open"), "1" if routing is not None else "0",
-        "siblings", "1" if siblings else ("0" if siblings is not None else
-                                          ("1" if (routing or "open") == "open" else "0")),
+        "routing",
+        str(routing or "open"),
+        "1" if routing is not None else "0",
+        "siblings",
+        "1"
+        if siblings
+        else ("0" if siblings is not None else ("1" if (routing or "open") == "open" else "0")),
         "1" if siblings is not None else "0",
     ]
     for field in LIMITS:
@@ -126,9 +139,10 @@ def plan_channel(
     if deny is None:
         argv += ["auto_reply_deny", "\n".join(settings.auto_reply_deny), "0"]
     else:
-        if isinstance(deny, str) or not all(isinstance(n, str) for n in deny):
+        if isinstance(deny, str) or not isinstance(deny, list | tuple | set | frozenset):
             raise InvalidInput("auto_reply_deny must be a list of agent names")
-        argv += ["auto_reply_deny", "\n".join(check.name(n, "denied sender") for n in deny), "1"]
+        names = [check.name(n, "denied sender") for n in deny]
+        argv += ["auto_reply_deny", "\n".join(names), "1"]
     return argv
 
 
@@ -184,7 +198,12 @@ _FIELD_NAMES = frozenset("ftbskprdxicgna")
 
 
 def message_from_fields(
-    channel: str, entry_id: str, f: Mapping[str, str], *, read: bool, deliveries: int = 1,
+    channel: str,
+    entry_id: str,
+    f: Mapping[str, str],
+    *,
+    read: bool,
+    deliveries: int = 1,
     verified: bool | None = None,
 ) -> Message:
     ttl = f.get("x")
@@ -274,13 +293,37 @@ def plan_send(
     tr = "" if trace is None else check.text(trace, "trace", 1024)
     sig = ts = ""
     if signer is not None and signer.enabled:
-        sig, ts = signer.sign(channel, {"f": sender, "s": subj, "b": text_body, "k": type,
-                                        "p": str(prio), "r": rt, "x": ttl, "i": ikey})
+        sig, ts = signer.sign(
+            channel,
+            {
+                "f": sender,
+                "s": subj,
+                "b": text_body,
+                "k": type,
+                "p": str(prio),
+                "r": rt,
+                "x": ttl,
+                "i": ikey,
+            },
+        )
     return SendPlan(
         mode,
         names,
-        [sender, mode, "\n".join(names), subj, text_body, type, str(prio), rt, ttl, ikey, tr,
-         sig, ts],
+        [
+            sender,
+            mode,
+            "\n".join(names),
+            subj,
+            text_body,
+            type,
+            str(prio),
+            rt,
+            ttl,
+            ikey,
+            tr,
+            sig,
+            ts,
+        ],
     )
 
 
@@ -355,8 +398,14 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
             status = "queued"
         out.append(
             Receipt(
-                id=entry_id, to=str(name), status=status, queued_at=queued,
-                delivered_at=delivered, read_at=read, done_at=done, result=result,
+                id=entry_id,
+                to=str(name),
+                status=status,
+                queued_at=queued,
+                delivered_at=delivered,
+                read_at=read,
+                done_at=done,
+                result=result,
             )
         )
     return out
@@ -389,13 +438,24 @@ def plan_view(
     to = agent if flt.to == "me" else (flt.to or "")
     scope = "board" if routing == "open" else "own"
     argv = [
-        agent, consumer, "1" if pull else "0", "1" if mark else "0", lower or "", str(lim),
-        "1" if flt.unread else "0", flt.sender or "", to, (flt.subject or "").lower(), scope,
+        agent,
+        consumer,
+        "1" if pull else "0",
+        "1" if mark else "0",
+        lower or "",
+        str(lim),
+        "1" if flt.unread else "0",
+        flt.sender or "",
+        to,
+        (flt.subject or "").lower(),
+        scope,
     ]
     return ViewPlan(flt, argv, lim)
 
 
-def verdict(signer: Signer | None, unsigned: str, channel: str, f: Mapping[str, str]) -> bool | None:
+def verdict(
+    signer: Signer | None, unsigned: str, channel: str, f: Mapping[str, str]
+) -> bool | None:
     """None: signing off. True: verified. False: bad or missing signature, delivered flagged
     (``unsigned="flag"``). Raises nothing; the caller drops the entry when ``reject``."""
     if signer is None or not signer.enabled:
@@ -404,8 +464,13 @@ def verdict(signer: Signer | None, unsigned: str, channel: str, f: Mapping[str, 
 
 
 def parse_view(
-    channel: str, agent: str, reply: Sequence[Any], *, preview_chars: int | None,
-    signer: Signer | None = None, unsigned: str = "reject",
+    channel: str,
+    agent: str,
+    reply: Sequence[Any],
+    *,
+    preview_chars: int | None,
+    signer: Signer | None = None,
+    unsigned: str = "reject",
 ) -> list[Message]:
     out = []
     for entry_id, flat, mark in reply[2:]:
@@ -453,7 +518,12 @@ def roster_of(me: str, members: Mapping[str, Member], routing: str, siblings: bo
     if me not in members:
         raise UnknownAgent(f"{me!r} is not a member of this channel")
     self_m = members[me]
-    groups: dict[Relationship, list[Member]] = {"parent": [], "sibling": [], "child": [], "member": []}
+    groups: dict[Relationship, list[Member]] = {
+        "parent": [],
+        "sibling": [],
+        "child": [],
+        "member": [],
+    }
     for name, m in members.items():
         if name == me:
             continue
@@ -466,12 +536,14 @@ def roster_of(me: str, members: Mapping[str, Member], routing: str, siblings: bo
             rel = "sibling"
         else:
             rel = "member"
-        reachable = routing == "open" or rel in ("parent", "child") or (rel == "sibling" and siblings)
+        reachable = (
+            routing == "open" or rel in ("parent", "child") or (rel == "sibling" and siblings)
+        )
         if reachable:
             groups[rel].append(replace(m, relationship=rel))
     family: list[Member] = []
     for rel in ("parent", "sibling", "child", "member"):
-        family += sorted(groups[rel], key=lambda m: m.name)  # type: ignore[index]
+        family += sorted(groups[rel], key=lambda m: m.name)
     return Roster(self=self_m, family=family)
 
 

@@ -1,9 +1,9 @@
 """The ``filter_by`` grammar and ``since`` parsing, shared by every face and integration.
 
-    filter_by := term (" " term)*           terms are ANDed
-    term      := "unread" | "all" | "to:me" | "to:NAME" | "from:NAME"
-               | "subject:TEXT" | "after:MESSAGE_ID"     (TEXT may be "quoted with spaces")
-    since     := ISO-8601 time (naive = UTC) | MESSAGE_ID  (time inclusive, id exclusive)
+filter_by := term (" " term)*           terms are ANDed
+term      := "unread" | "all" | "to:me" | "to:NAME" | "from:NAME"
+           | "subject:TEXT" | "after:MESSAGE_ID"     (TEXT may be "quoted with spaces")
+since     := ISO-8601 time (naive = UTC) | MESSAGE_ID  (time inclusive, id exclusive)
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """The one place that spells Redis keys. Every key of a channel carries the channel's hash tag.
 
-    {prefix}:{<channel>}:s       the channel stream; one consumer group per agent
-    {prefix}:{<channel>}:meta    hash: routing, limits, pause switch, message count
-    {prefix}:{<channel>}:m       hash: agent name -> JSON member record
-    {prefix}:{<channel>}:par     hash: agent name -> parent name ("" for roots)
-    {prefix}:{<channel>}:st      hash: agent name -> status
-    {prefix}:{<channel>}:ids     hash: agent id -> agent name
-    {prefix}:{<channel>}:inbox   hash: agent name -> undone messages addressed to it
-    {prefix}:{<channel>}:rate    hash: token buckets ("s\\nSENDER", "p\\nSENDER\\nRECIPIENT")
-    {prefix}:{<channel>}:idem    hash: "SENDER\\nKEY" -> "id\\trecipients"
-    {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
-    {prefix}:{<channel>}:dlq     stream of dead letters
-    {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
-    {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
+{prefix}:{<channel>}:s       the channel stream; one consumer group per agent
+{prefix}:{<channel>}:meta    hash: routing, limits, pause switch, message count
+{prefix}:{<channel>}:m       hash: agent name -> JSON member record
+{prefix}:{<channel>}:par     hash: agent name -> parent name ("" for roots)
+{prefix}:{<channel>}:st      hash: agent name -> status
+{prefix}:{<channel>}:ids     hash: agent id -> agent name
+{prefix}:{<channel>}:inbox   hash: agent name -> undone messages addressed to it
+{prefix}:{<channel>}:rate    hash: token buckets ("s\\nSENDER", "p\\nSENDER\\nRECIPIENT")
+{prefix}:{<channel>}:idem    hash: "SENDER\\nKEY" -> "id\\trecipients"
+{prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
+{prefix}:{<channel>}:dlq     stream of dead letters
+{prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
+{prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def classify(e: BaseException) -> tuple[Action, RedisbusError]:
 
 
 def backoff_s(attempt: int) -> float:
-    return min(2.0, 0.02 * (2**attempt)) * (0.5 + random.random() / 2)
+    return float(min(2.0, 0.02 * (2**attempt)) * (0.5 + random.random() / 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +78,18 @@ def parse_url(url: str, cluster: bool) -> Target:
                 raise InvalidInput(f"bad sentinel address {part!r} in {url!r}") from None
         path = [x for x in p.path.split("/") if x]
         if not path:
-            raise InvalidInput("sentinel URL needs a service name: redis+sentinel://h:p/SERVICE[/db]")
+            raise InvalidInput(
+                "sentinel URL needs a service name: redis+sentinel://h:p/SERVICE[/db]"
+            )
         db = int(path[1]) if len(path) > 1 and path[1].isdigit() else 0
-        return Target("sentinel", url, tuple(hosts), unquote(path[0]), db, p.scheme.startswith("rediss"))
+        return Target(
+            "sentinel", url, tuple(hosts), unquote(path[0]), db, p.scheme.startswith("rediss")
+        )
     if p.scheme not in ("redis", "rediss", "unix"):
-        raise InvalidInput(f"unsupported Redis URL scheme {p.scheme!r}: use redis://, rediss://, "
-                           "redis+sentinel:// (or cluster=True with redis://)")
+        raise InvalidInput(
+            f"unsupported Redis URL scheme {p.scheme!r}: use redis://, rediss://, "
+            "redis+sentinel:// (or cluster=True with redis://)"
+        )
     return Target("cluster" if cluster else "standalone", url, ssl=p.scheme == "rediss")
 
 
@@ -130,11 +136,13 @@ def sync_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
     if t.kind == "sentinel":
         from redis.sentinel import Sentinel
 
-        sentinel_kw = {"socket_timeout": settings.connect_timeout_s}
+        sentinel_kw: dict[str, Any] = {"socket_timeout": settings.connect_timeout_s}
         if t.ssl:
-            sentinel_kw["ssl"] = True  # type: ignore[assignment]
-        s = Sentinel(list(t.sentinels), sentinel_kwargs=sentinel_kw, db=t.db, retry=no_retry(), **opts)
-        return s.master_for(t.service, db=t.db), False
+            sentinel_kw["ssl"] = True
+        s = Sentinel(  # type: ignore[no-untyped-call]
+            list(t.sentinels), sentinel_kwargs=sentinel_kw, db=t.db, retry=no_retry(), **opts
+        )
+        return s.master_for(t.service, db=t.db), False  # type: ignore[no-untyped-call]
     if t.kind == "cluster":
         from redis.cluster import RedisCluster
 
@@ -153,8 +161,12 @@ def async_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
     if t.kind == "sentinel":
         from redis.asyncio.sentinel import Sentinel
 
-        s = Sentinel(list(t.sentinels), sentinel_kwargs={"socket_timeout": settings.connect_timeout_s},
-                     db=t.db, **opts)
+        s = Sentinel(  # type: ignore[no-untyped-call]
+            list(t.sentinels),
+            sentinel_kwargs={"socket_timeout": settings.connect_timeout_s},
+            db=t.db,
+            **opts,
+        )
         return s.master_for(t.service, db=t.db), False
     if t.kind == "cluster":
         from redis.asyncio.cluster import RedisCluster

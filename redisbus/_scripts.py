@@ -5,7 +5,20 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-NAMES = ("beat", "channel", "claim", "done", "join", "outcome", "receipt", "replay", "send", "settle", "sweep", "view")
+NAMES = (
+    "beat",
+    "channel",
+    "claim",
+    "done",
+    "join",
+    "outcome",
+    "receipt",
+    "replay",
+    "send",
+    "settle",
+    "sweep",
+    "view",
+)
 
 
 @cache

@@ -23,7 +23,8 @@ class BusSettings(BaseSettings):
     # -- connection ---------------------------------------------------------------------------
     url: str | None = Field(
         default=None,
-        description="redis://, rediss://, redis+sentinel://h:p[,h:p]/SERVICE[/db]; unset = embedded",
+        description="redis://, rediss://, redis+sentinel://h:p[,h:p]/SERVICE[/db]; "
+        "unset = embedded",
     )
     cluster: bool = Field(default=False, description="treat url as one node of a Redis Cluster")
     prefix: str = Field(default="rb", description="key prefix shared by every key of the bus")

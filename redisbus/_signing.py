@@ -48,9 +48,17 @@ class Signer:
 
 def _mac(key: bytes, channel: str, f: Mapping[str, str], ts: str) -> str:
     parts = [
-        _VERSION, channel, f.get("f", ""), f.get("s", ""), f.get("b", ""),
-        f.get("k", "message") or "message", f.get("p", "0") or "0", f.get("r", ""),
-        f.get("x", ""), f.get("i", ""), ts,
+        _VERSION,
+        channel,
+        f.get("f", ""),
+        f.get("s", ""),
+        f.get("b", ""),
+        f.get("k", "message") or "message",
+        f.get("p", "0") or "0",
+        f.get("r", ""),
+        f.get("x", ""),
+        f.get("i", ""),
+        ts,
     ]
     payload = "\x1f".join(parts).encode("utf-8", "surrogatepass")
     return hmac.new(key, payload, hashlib.sha256).hexdigest()

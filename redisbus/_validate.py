@@ -39,7 +39,9 @@ def channel_name(value: object) -> str:
     return v
 
 
-def text(value: object, what: str, max_chars: int | None = None, allow_newlines: bool = False) -> str:
+def text(
+    value: object, what: str, max_chars: int | None = None, allow_newlines: bool = False
+) -> str:
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
     if max_chars is not None and len(value) > max_chars:
@@ -79,7 +81,9 @@ def recipients(to: object) -> tuple[str, list[str]]:
     raise InvalidInput(f"to must be a name, a list of names or 'all', got {type(to).__name__}")
 
 
-def seconds(value: object, what: str, *, maximum: float = MAX_WAIT_S, allow_zero: bool = True) -> float:
+def seconds(
+    value: object, what: str, *, maximum: float = MAX_WAIT_S, allow_zero: bool = True
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(f"{what} must be a number of seconds, got {type(value).__name__}")
     v = float(value)

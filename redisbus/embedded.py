@@ -63,8 +63,12 @@ class EmbeddedRedis:
 
     @classmethod
     def start(
-        cls, data_dir: str | os.PathLike[str] | None = None, *, port: int | None = None,
-        extra: list[str] | None = None, binary: str | None = None,
+        cls,
+        data_dir: str | os.PathLike[str] | None = None,
+        *,
+        port: int | None = None,
+        extra: list[str] | None = None,
+        binary: str | None = None,
     ) -> EmbeddedRedis:
         server = binary or find_server()
         temporary = data_dir is None
@@ -72,12 +76,32 @@ class EmbeddedRedis:
         Path(directory).mkdir(parents=True, exist_ok=True)
         for _attempt in range(5):
             p = port or free_port()
-            args = [server, "--port", str(p), "--bind", "127.0.0.1", "--dir", directory,
-                    "--save", "", "--maxmemory-policy", "noeviction", "--daemonize", "no",
-                    "--protected-mode", "yes", "--loglevel", "warning",
-                    "--logfile", os.path.join(directory, "redis.log")]
-            args += ["--appendonly", "no"] if temporary else [
-                "--appendonly", "yes", "--appendfsync", "everysec"]
+            args = [
+                server,
+                "--port",
+                str(p),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                directory,
+                "--save",
+                "",
+                "--maxmemory-policy",
+                "noeviction",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+                "--loglevel",
+                "warning",
+                "--logfile",
+                os.path.join(directory, "redis.log"),
+            ]
+            args += (
+                ["--appendonly", "no"]
+                if temporary
+                else ["--appendonly", "yes", "--appendfsync", "everysec"]
+            )
             args += extra or []
             proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             if _wait_ready(p, proc):

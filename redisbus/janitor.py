@@ -63,6 +63,11 @@ def run(bus: Bus, interval_s: float = 10.0, stop: threading.Event | None = None)
     stop = stop or threading.Event()
     while not stop.is_set():
         r = sweep_all(bus)
-        log.info("janitor: %d channels, %d trimmed, %d dead-lettered, %d consumers removed",
-                 r.channels, r.trimmed, r.dead_lettered, r.consumers_removed)
+        log.info(
+            "janitor: %d channels, %d trimmed, %d dead-lettered, %d consumers removed",
+            r.channels,
+            r.trimmed,
+            r.dead_lettered,
+            r.consumers_removed,
+        )
         stop.wait(interval_s)

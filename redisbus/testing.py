@@ -35,7 +35,10 @@ def _settings(settings: BusSettings | None, **overrides: Any) -> BusSettings:
 
 
 def memory_bus(
-    server: fakeredis.FakeServer | None = None, *, settings: BusSettings | None = None, **overrides: Any
+    server: fakeredis.FakeServer | None = None,
+    *,
+    settings: BusSettings | None = None,
+    **overrides: Any,
 ) -> Bus:
     """A ``Bus`` on an in-memory Redis (a fresh one unless ``server`` is given)."""
     srv = server or fakeredis.FakeServer()
@@ -46,7 +49,10 @@ def memory_bus(
 
 
 def memory_async_bus(
-    server: fakeredis.FakeServer | None = None, *, settings: BusSettings | None = None, **overrides: Any
+    server: fakeredis.FakeServer | None = None,
+    *,
+    settings: BusSettings | None = None,
+    **overrides: Any,
 ) -> AsyncBus:
     """An ``AsyncBus`` on an in-memory Redis (a fresh one unless ``server`` is given)."""
     srv = server or fakeredis.FakeServer()

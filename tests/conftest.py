@@ -85,9 +85,7 @@ class Synced:
         return call
 
     def _wrap(self, out: Any) -> Any:
-        from redisbus.aio import AsyncAgent, AsyncChannel
-
-        from redisbus.aio import AsyncBus
+        from redisbus.aio import AsyncAgent, AsyncBus, AsyncChannel
 
         if isinstance(out, AsyncAgent | AsyncChannel | AsyncBus):
             return Synced(out, self._loop)

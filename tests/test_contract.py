@@ -22,7 +22,7 @@ from redisbus import (
     TooLarge,
     UnknownAgent,
 )
-from tests.helpers import channel_state, stream_inbox_counts
+from tests.helpers import channel_state
 
 FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 

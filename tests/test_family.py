@@ -73,15 +73,23 @@ def test_broadcast_is_the_reachable_family_in_roster_order(bus: Any, chan_name: 
     assert [r.to for r in f["a"].send("all", "hi")] == ["root", "b", "a1", "a2"]
     assert [m.name for m in f["a"].agents().family] == ["root", "b", "a1", "a2"]
     assert [(m.relationship, m.name) for m in f["a1"].agents().family] == [
-        ("parent", "a"), ("sibling", "a2")]
+        ("parent", "a"),
+        ("sibling", "a2"),
+    ]
 
 
 def test_tree_rebuilds_the_whole_hierarchy(bus: Any, chan_name: str) -> None:
     f = family(bus, chan_name)
     tree = f["ch"].tree()
     assert [(m.name, m.parent, m.depth) for m in tree] == [
-        ("r2", None, 0), ("root", None, 0), ("a", "root", 1), ("a1", "a", 2), ("a2", "a", 2),
-        ("b", "root", 1), ("b1", "b", 2)]
+        ("r2", None, 0),
+        ("root", None, 0),
+        ("a", "root", 1),
+        ("a1", "a", 2),
+        ("a2", "a", 2),
+        ("b", "root", 1),
+        ("b1", "b", 2),
+    ]
     ids = {m.name: m.id for m in tree}
     assert len(set(ids.values())) == len(ids)
 
@@ -107,14 +115,18 @@ def test_cancel_cascades_and_reports_only_the_subtree_root(bus: Any, chan_name: 
     assert f["a"].wait(timeout=2).kind == "cancelled"
     got = f["root"].wait(timeout=2)
     assert got.kind == "outcome"
-    assert [(m.sender, m.subject, m.body) for m in got.messages] == [("a", "cancelled", "changed plan")]
+    assert [(m.sender, m.subject, m.body) for m in got.messages] == [
+        ("a", "cancelled", "changed plan")
+    ]
     with pytest.raises(RecipientClosed):
         f["root"].send("a", "are you there")
     with pytest.raises(AgentClosed):
         f["a1"].send("a", "I was cancelled")
 
 
-def test_outcomes_flow_to_the_parent_and_failure_cancels_descendants(bus: Any, chan_name: str) -> None:
+def test_outcomes_flow_to_the_parent_and_failure_cancels_descendants(
+    bus: Any, chan_name: str
+) -> None:
     f = family(bus, chan_name)
     f["b1"].complete("storyboard done")
     f["a"].fail("model quota exhausted")
@@ -123,7 +135,10 @@ def test_outcomes_flow_to_the_parent_and_failure_cancels_descendants(bus: Any, c
     assert statuses["b1"] == "completed"
     got = f["b"].wait(timeout=2)
     assert (got.kind, got.messages[0].subject, got.messages[0].body) == (
-        "outcome", "completed", "storyboard done")
+        "outcome",
+        "completed",
+        "storyboard done",
+    )
     f["b"].complete("b done")
     outcomes = f["root"].wait_children(timeout=5)
     assert sorted((m.sender, m.subject) for m in outcomes) == [("a", "failed"), ("b", "completed")]
@@ -149,7 +164,9 @@ def test_wait_children_times_out_with_what_arrived(bus: Any, chan_name: str) -> 
 
 
 def test_team_budgets(bus: Any, chan_name: str) -> None:
-    ch = bus.channel(chan_name, routing="family", max_depth=1, max_members=3, max_messages=2, **FAST)
+    ch = bus.channel(
+        chan_name, routing="family", max_depth=1, max_members=3, max_messages=2, **FAST
+    )
     root = ch.join("root")
     ch.join("kid", parent="root")
     with pytest.raises(BudgetExceeded):
@@ -187,7 +204,9 @@ def test_serve_runs_follow_up_turns_and_acks_after_the_handler(redis_url: str) -
         if len(seen) == 2:
             stop.set()
 
-    t = threading.Thread(target=bus.serve, args=({writer: handle},), kwargs={"stop": stop, "poll_s": 0.2})
+    t = threading.Thread(
+        target=bus.serve, args=({writer: handle},), kwargs={"stop": stop, "poll_s": 0.2}
+    )
     t.start()
     r1 = parent.send("writer", "add wardrobe notes")
     r2 = parent.send("writer", "neo-80s please")
@@ -226,7 +245,8 @@ async def test_async_wait_releases_the_team_slot(redis_url: str) -> None:
 def spawn(url: str, channel: str, name: str, parent: str, mode: str) -> subprocess.Popen[str]:
     p = subprocess.Popen(
         [sys.executable, "-m", "tests.family_workers", url, channel, name, parent, mode],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None
     assert json.loads(p.stdout.readline()) == {"ready": name}
@@ -253,10 +273,15 @@ def test_cancel_crosses_processes_and_wakes_the_leaf_fast(redis7: Server) -> Non
     middle.wait(10)
     # and the root receives exactly one cancellation outcome
     res = root.wait(timeout=1)
-    assert [(m.sender, m.type, m.subject) for m in res.messages] == [("middle", "outcome", "cancelled")]
+    assert [(m.sender, m.type, m.subject) for m in res.messages] == [
+        ("middle", "outcome", "cancelled")
+    ]
     assert root.wait(timeout=0.5).kind == "timeout"
     assert {m.name: m.status for m in ch.tree()} == {
-        "root": "running", "middle": "cancelled", "leaf": "cancelled"}
+        "root": "running",
+        "middle": "cancelled",
+        "leaf": "cancelled",
+    }
     bus.close()
 
 

@@ -37,8 +37,10 @@ def test_a_two_agent_echo_loop_is_stopped_before_20_messages(redis7: Server) -> 
                     refusals.append(e)
                     stop.set()
 
-    threads = [threading.Thread(target=echo, args=(a, "bob")),
-               threading.Thread(target=echo, args=(b, "alice"))]
+    threads = [
+        threading.Thread(target=echo, args=(a, "bob")),
+        threading.Thread(target=echo, args=(b, "alice")),
+    ]
     for t in threads:
         t.start()
     # when one of them starts the conversation
@@ -90,8 +92,14 @@ def test_auto_replies_never_answer_deny_listed_senders(redis7: Server) -> None:
 def test_circuit_breaker_stops_delivery_to_an_agent_that_keeps_failing(redis7: Server) -> None:
     # given an agent whose every delivery dies (two replicas that never finish a message)
     bus = fresh(redis7)
-    ch = bus.channel("breaker", lease_s=0.05, max_deliveries=1, breaker_failures=2,
-                     breaker_cooldown_s=0.5, **FAST)
+    ch = bus.channel(
+        "breaker",
+        lease_s=0.05,
+        max_deliveries=1,
+        breaker_failures=2,
+        breaker_cooldown_s=0.5,
+        **FAST,
+    )
     boss = ch.join("boss")
     w1 = ch.join("worker", replica="r1")
     other = Bus.from_url(redis7.url, settings=BusSettings(metrics=False))

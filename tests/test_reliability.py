@@ -27,9 +27,21 @@ def fresh(server: Server, **kw: Any) -> Bus:
     return Bus.from_url(server.url, settings=BusSettings(metrics=False, **kw))
 
 
-def spawn_replica(url: str, channel: str, replica: str, log: Path, handle_s: float) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen([sys.executable, "-m", "tests.reliability_workers", url, channel, replica,
-                          str(log), str(handle_s)])
+def spawn_replica(
+    url: str, channel: str, replica: str, log: Path, handle_s: float
+) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability_workers",
+            url,
+            channel,
+            replica,
+            str(log),
+            str(handle_s),
+        ]
+    )
     assert wait_for(lambda: log.exists() and "ready" in log.read_text(), 20)
     return p
 
@@ -63,8 +75,9 @@ def test_sigkilled_replica_messages_go_to_the_other_replica(redis7: Server, tmp_
     assert done == {f"m{i}" for i in range(n)}
     # duplicates only for what was in flight on r1 (started, not done, when killed)
     dups = {m for m, c in started.items() if c > 1}
-    in_flight = {line.split()[1] for line in log1.read_text().split("\n")
-                 if line.startswith("start")} - done1
+    in_flight = {
+        line.split()[1] for line in log1.read_text().split("\n") if line.startswith("start")
+    } - done1
     assert dups <= in_flight and len(in_flight) <= 1
     assert stream_inbox_counts(bus.redis, ch) == {}
     bus.close()
@@ -88,7 +101,11 @@ def test_messages_delivered_too_often_are_dead_lettered_and_can_be_replayed(redi
     assert w_a.wait(timeout=0.3).kind == "timeout"  # third time: dead-lettered instead
     (dead,) = ch.dead_letters()
     assert (dead.original_id, dead.recipient, dead.deliveries, dead.message.body) == (
-        r.id, "worker", 2, "poison")
+        r.id,
+        "worker",
+        2,
+        "poison",
+    )
     assert [x.status for x in boss.receipt(r.id)] == ["failed"]
     assert ch.counts()["worker"] == 0
     # replay gives it back as a new message
@@ -220,9 +237,13 @@ def test_aof_always_restart_keeps_every_acknowledged_message(tmp_path: Path) -> 
 
 def test_durable_send_waits_for_a_replica(tmp_path: Path) -> None:
     primary = start_server("redis7", tmp_path / "p")
-    replica = start_server("redis7", tmp_path / "r", extra=["--replicaof", "127.0.0.1", str(primary.port)])
+    replica = start_server(
+        "redis7", tmp_path / "r", extra=["--replicaof", "127.0.0.1", str(primary.port)]
+    )
     try:
-        assert wait_for(lambda: replica.client().info("replication")["master_link_status"] == "up", 10)
+        assert wait_for(
+            lambda: replica.client().info("replication")["master_link_status"] == "up", 10
+        )
         bus = Bus.from_url(primary.url, settings=BusSettings(metrics=False))
         ch = bus.channel("durable", **FAST)
         a = ch.join("a")
@@ -283,8 +304,10 @@ def test_a_million_messages_leave_memory_flat(redis7: Server) -> None:
     r.memory_purge()
     after = int(r.info("memory")["used_memory"])
     sent = int(r.hget(ch.keys.meta, "sent"))
-    print(f"\n1M messages: used_memory before={before / 1e6:.2f} MB after={after / 1e6:.2f} MB "
-          f"stream length={r.xlen(ch.keys.stream)}")
+    print(
+        f"\n1M messages: used_memory before={before / 1e6:.2f} MB after={after / 1e6:.2f} MB "
+        f"stream length={r.xlen(ch.keys.stream)}"
+    )
     # then memory is back within a few MB of where it started, and nothing is left undone
     assert sent == total
     assert r.xlen(ch.keys.stream) == 0

@@ -16,8 +16,9 @@ KEY2 = {"k2": "second-fleet-secret"}
 
 
 def bus_with(server: Server, keys: dict[str, str], unsigned: str = "reject", **kw: Any) -> Bus:
-    return Bus.from_url(server.url, settings=BusSettings(
-        metrics=False, signing_keys=keys, unsigned=unsigned, **kw))
+    return Bus.from_url(
+        server.url, settings=BusSettings(metrics=False, signing_keys=keys, unsigned=unsigned, **kw)
+    )
 
 
 def forge(server: Server, ch: Any, sender: str, to: str, body: str, sig: str = "") -> str:
@@ -80,7 +81,10 @@ def test_key_rotation_keeps_old_messages_readable_during_the_overlap(redis7: Ser
     ch2.join("writer").send("reader", "signed with k2")
     reader = ch2.join("reader")
     got = reader.read()
-    assert [(m.body, m.verified) for m in got] == [("signed with k1", True), ("signed with k2", True)]
+    assert [(m.body, m.verified) for m in got] == [
+        ("signed with k1", True),
+        ("signed with k2", True),
+    ]
     sigs = [f["g"].split(":")[0] for _, f in both.redis.xrange(ch.keys.stream)]
     assert sigs == ["k1", "k2"]
     # after the overlap k1 is dropped: k1 messages no longer verify
