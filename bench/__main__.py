@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -59,10 +62,49 @@ def memory_size(args: argparse.Namespace, figs: list[Figure]) -> int:
     return MEMORY_MESSAGES["default"]
 
 
+#: A measurement that takes longer than this is stuck: it becomes an error, the run goes on.
+WATCHDOG_S = 1_200
+
+
+class Stuck(Exception):
+    """A measurement outlived :data:`WATCHDOG_S`."""
+
+
+@contextmanager
+def watchdog(seconds: int) -> Iterator[None]:
+    """Raise :class:`Stuck` in the main thread after ``seconds`` (SIGALRM, where there is one)."""
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def fire(signum: int, frame: object) -> None:
+        raise Stuck(f"no result after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def measure(side: Side, fn: Measure, ctx: Ctx, server: Server) -> str | None:
     """Run one measurement into ``side``; return an 'unavailable' reason if the core lacks it."""
     if side.error:
         return None
+    try:
+        with watchdog(WATCHDOG_S):
+            side.runs.append(fn(ctx))
+    except cases.Unavailable as exc:
+        return str(exc)
+    except Exception as exc:
+        traceback.print_exc()
+        side.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        reset(server, ctx.prefix)
+        gc.collect()
+    return None
     try:
         side.runs.append(fn(ctx))
     except cases.Unavailable as exc:
