@@ -4,7 +4,7 @@ done, receipt."""
 from __future__ import annotations
 
 import sys
-from typing import Annotated, cast
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -32,7 +32,6 @@ from ._cli_base import (
 )
 from ._cli_view import message_text, print_messages, receipt_table, refusal_text, safe
 from ._errors import UnknownAgent
-from ._model import Receipt
 
 # -- talking ----------------------------------------------------------------------------------
 
@@ -266,8 +265,7 @@ def receipt(
         ch = existing_channel(bus, channel)
         if agent not in ch.members():
             raise UnknownAgent(f"{agent!r} is not a member of channel {ch.name!r}")
-        # cast: mypy reads bus.Agent's "-> list[Receipt]" as its own .list method
-        receipts = cast("list[Receipt]", attach(ch, agent, None, bus.settings).receipt(message_id))
+        receipts = attach(ch, agent, None, bus.settings).receipt(message_id)
         if as_json:
             write_json([r.as_dict() for r in receipts])
         else:
