@@ -117,10 +117,26 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- fields of the rate hash, fetched in one HMGET for all recipients (see prefetch below)
+local cached = {}
+local function rget(field)
+  local v = cached[field]
+  if v == nil then
+    v = redis.call('HGET', rate, field) or false
+    cached[field] = v
+  end
+  return v
+end
+local function prefetch(fields)
+  if #fields == 0 then return end
+  local vals = redis.call('HMGET', rate, unpack(fields))
+  for i, f in ipairs(fields) do cached[f] = vals[i] or false end
+end
+
 -- token bucket: returns ok, tokens_after, retry_ms (nothing written)
 local function bucket(field, burst, per_s)
   if burst <= 0 or per_s <= 0 then return true, nil, 0 end
-  local v = redis.call('HGET', rate, field)
+  local v = rget(field)
   local tokens, last = burst, now
   if v then
     local sp = string.find(v, ' ', 1, true)
@@ -135,7 +151,7 @@ end
 
 -- circuit breaker (written by claim.lua / sweep.lua): ms until it closes, or nil
 local function breaker_open(name)
-  local v = redis.call('HGET', rate, 'b\n' .. name)
+  local v = rget('b\n' .. name)
   if not v then return nil end
   local until_ms = tonumber(string.match(v, ' (%d+)$') or '0')
   if until_ms > now then return until_ms - now end
@@ -149,7 +165,7 @@ local function pingpong(name)
   local a, b = sender, name
   if b < a then a, b = b, a end
   local field = 'd\n' .. a .. '\n' .. b
-  local v = redis.call('HGET', rate, field)
+  local v = rget(field)
   local turns = 0
   if v then
     local last, n, at = string.match(v, '^(.*) (%d+) (%d+)$')
@@ -235,6 +251,12 @@ end
 
 local accepted, pair_updates = {}, {}
 if #targets > 0 then
+  local fields = {'s\n' .. sender}
+  for _, name in ipairs(targets) do
+    fields[#fields + 1] = 'p\n' .. sender .. '\n' .. name
+    fields[#fields + 1] = 'b\n' .. name
+  end
+  prefetch(fields)
   local st = redis.call('HMGET', status, unpack(targets))
   local depth_now = redis.call('HMGET', inbox, unpack(targets))
   local tp = redis.call('HMGET', parents, unpack(targets))
