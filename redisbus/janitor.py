@@ -71,3 +71,49 @@ def run(bus: Bus, interval_s: float = 10.0, stop: threading.Event | None = None)
             r.consumers_removed,
         )
         stop.wait(interval_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``redisbus janitor`` / ``python -m redisbus.janitor``: sweep every channel, repeatedly."""
+    import argparse
+    import signal
+
+    from ._errors import BusConnectionError
+    from ._settings import BusSettings
+
+    p = argparse.ArgumentParser(prog="redisbus janitor", description=__doc__)
+    p.add_argument("--url", help="Redis URL (env REDISBUS_URL)")
+    p.add_argument("--interval-s", type=float, default=30.0, help="seconds between passes")
+    p.add_argument("--batch", type=int, default=1000, help="entries trimmed per script call")
+    p.add_argument("--once", action="store_true", help="one pass, print its report, exit")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = BusSettings()
+    url = args.url or settings.url
+    if not url:
+        print("redisbus janitor: set REDISBUS_URL (or --url): it sweeps a shared Redis")
+        return 3
+    if args.interval_s <= 0 or args.batch <= 0:
+        print("redisbus janitor: --interval-s and --batch must be positive")
+        return 2
+    try:
+        bus = Bus.from_url(url, settings=settings)
+        if args.once:
+            r = sweep_all(bus, batch=args.batch)
+            print(
+                f"{r.channels} channels: {r.trimmed} trimmed, {r.dead_lettered} dead-lettered, "
+                f"{r.consumers_removed} consumers removed, {r.expired_undone} expired undone"
+            )
+            return 1 if r.errors else 0
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        run(bus, args.interval_s, stop)
+        return 0
+    except BusConnectionError as e:
+        print(f"redisbus janitor: {e}")
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -314,3 +314,18 @@ def test_a_million_messages_leave_memory_flat(redis7: Server) -> None:
     assert sum(ch.counts().values()) == 0
     assert after - before < 3 * 1024 * 1024, (before, after)
     bus.close()
+
+
+def test_janitor_command_sweeps_once(redis7: Server) -> None:
+    bus = fresh(redis7)
+    ch = bus.channel("janitor-cli", **FAST)
+    a, b = ch.join("a"), ch.join("b")
+    a.send("b", "x")
+    b.mark_done(b.read())
+    exe = Path(sys.executable).with_name("redisbus")
+    out = subprocess.run([str(exe), "janitor", "--once", "--url", redis7.url],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "1 trimmed" in out.stdout
+    assert bus.redis.xlen(ch.keys.stream) == 0
+    bus.close()
