@@ -1,5 +1,5 @@
 """``redisbus`` commands that talk on a channel as one agent: join, send, read, list, wait,
-done, receipt."""
+done, receipt, discover."""
 
 from __future__ import annotations
 
@@ -270,3 +270,36 @@ def receipt(
             write_json([r.as_dict() for r in receipts])
         else:
             out.print(receipt_table(receipts, title=f"message {message_id}"))
+
+
+@app.command()
+def discover(
+    channel: ChannelArg,
+    agent: AsOpt,
+    query: Annotated[str, typer.Argument(help="Words to match against agent cards.")] = "",
+    limit: LimitOpt = 20,
+    as_json: JsonOpt = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+) -> None:
+    """Members --as NAME may reach, ranked by how well their cards (skills, description) match."""
+    with connect(url, prefix, cluster) as bus:
+        ch = existing_channel(bus, channel)
+        if agent not in ch.members():
+            raise UnknownAgent(f"{agent!r} is not a member of channel {ch.name!r}")
+        found = attach(ch, agent, None, bus.settings).discover(query, limit=limit)
+        if as_json:
+            write_json([m.as_dict() for m in found])
+            return
+        if not found:
+            err.print("no match")
+        for m in found:
+            out.print(
+                Text.assemble(
+                    (safe(m.name), "bold"),
+                    f"  {m.relationship or ''}  ",
+                    (safe(", ".join(m.skills)), "cyan"),
+                    f"  {safe(m.description)}",
+                )
+            )

@@ -8,10 +8,10 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
     2  bad input (usage, a malformed filter or time, an out-of-range value)
     3  no Redis (REDISBUS_URL unset or unreachable)
 
-The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt) and ``_cli_ops``
-(tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by other modules (``mcp``,
-``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module provides
-``main(argv: list[str]) -> int`` and is imported only when its command runs.
+The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover)
+and ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by
+other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
+provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ ORDER = (
     "wait",
     "done",
     "receipt",
+    "discover",
     "tail",
     "agents",
     "stats",

@@ -248,6 +248,31 @@ def test_round_trip_on_redis_6_2_the_bundled_server(redis62: Server) -> None:
     assert got["id"] == sent["id"] == json.loads(tailed.stdout)["id"]
 
 
+def test_discover_ranks_members_by_their_cards(cli: Run) -> None:
+    ok(cli("join", CH, "--as", "director"))
+    ok(
+        cli(
+            "join",
+            CH,
+            "--as",
+            "designer",
+            "--parent",
+            "director",
+            "--skill",
+            "character-design",
+            "--description",
+            "draws the cast",
+        )
+    )
+    ok(cli("join", CH, "--as", "writer", "--parent", "director", "--skill", "screenplay"))
+
+    found = as_json(cli("discover", CH, "character-design", "--as", "director", "--json"))
+
+    assert [m["name"] for m in found][:1] == ["designer"]
+    assert found[0]["skills"] == ["character-design"]
+    assert ok(cli("discover", CH, "screenplay", "--as", "director")).stdout.startswith("writer")
+
+
 # -- tail -------------------------------------------------------------------------------------
 
 
