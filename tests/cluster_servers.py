@@ -27,10 +27,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from redisbus.embedded import free_port
 from tests.servers import Server, missing, wait_for
 
-# Replicas fsync every write, so a node restarted after SIGKILL comes back with everything it
+# Every node fsyncs every write, so a node restarted after SIGKILL comes back with everything it
 # acknowledged; a replica may take over whatever its data age (validity factor 0), so one slow
 # test machine cannot leave a shard without a primary.
 NODE_ARGS = ["--appendonly", "yes", "--appendfsync", "always"]
@@ -70,27 +69,27 @@ def replica_in_sync(client: redis.Redis) -> bool:
     )
 
 
-def cluster_port() -> int:
-    """A free port P with P + 10000 (the cluster bus) free too. Both stay below Linux's
-    ephemeral range (32768 up), where outgoing connections could take them between a kill
-    and a restart."""
+def low_port(cluster: bool = False) -> int:
+    """A free port below Linux's ephemeral range (32768 up), where an outgoing connection could
+    take it between a kill and a restart; for a cluster node, P + 10000 (its bus) is free too."""
     for _ in range(200):
         p = random.randrange(12000, 22700)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", p))
-                b.bind(("127.0.0.1", p + 10000))
+                if cluster:
+                    b.bind(("127.0.0.1", p + 10000))
             return p
         except OSError:
             continue
-    raise RuntimeError("no free port pair for a cluster node")
+    raise RuntimeError("no free low port")
 
 
 def node(path: str, data_dir: Path, extra: list[str], port: int | None = None) -> Server:
     data_dir.mkdir(parents=True, exist_ok=True)
     try:
         return Server(
-            path, str(data_dir), [*NODE_ARGS, *extra], persistent=True, port=port or free_port()
+            path, str(data_dir), [*NODE_ARGS, *extra], persistent=True, port=port or low_port()
         ).start()
     except Exception as e:  # pragma: no cover - environment problem
         missing(f"redis-server did not start in {data_dir.name}: {e}")
@@ -132,35 +131,19 @@ class Cluster:
 
     def shards(self) -> list[Shard]:
         """The slot map as one live node sees it (``CLUSTER NODES``), failed nodes left out."""
-        text = self.node_client(self.any_live_port()).execute_command("CLUSTER NODES")
-        if isinstance(text, dict):  # redis-py may pre-parse the reply
-            text = "\n".join(
-                f"{v['node_id']} {k} {v['flags']} {v['master_id']} 0 0 0 "
-                f"{v['connected']} " + " ".join("-".join(x) for x in v["slots"])
-                for k, v in text.items()
-            )
-        ids: dict[str, int] = {}
-        rows = []
-        for line in str(text).splitlines():
-            parts = line.split()
-            if len(parts) < 8:
-                continue
-            port = int(parts[1].split("@")[0].rsplit(":", 1)[1])
-            ids[parts[0]] = port
-            rows.append((parts[0], port, parts[2].split(","), parts[3], parts[8:]))
+        # redis-py parses the reply: "host:port[@bus]" -> flags, master_id, slots [[lo, hi]]
+        seen = self.node_client(self.any_live_port()).execute_command("CLUSTER NODES")
+        nodes = {
+            v["node_id"]: (int(addr.split("@")[0].rsplit(":", 1)[1]), v) for addr, v in seen.items()
+        }
         shards: dict[str, Shard] = {}
-        for node_id, port, flags, _master, slots in rows:
-            if "master" in flags and "fail" not in flags and slots:
-                ranges = []
-                for r in slots:
-                    if r.startswith("["):
-                        continue  # a slot being migrated
-                    lo, _, hi = r.partition("-")
-                    ranges.append((int(lo), int(hi or lo)))
-                shards[node_id] = Shard(ranges, port, [])
-        for _id, port, flags, master, _slots in rows:
-            if "slave" in flags and "fail" not in flags and master in shards:
-                shards[master].replicas.append(port)
+        for node_id, (port, v) in nodes.items():
+            if "master" in v["flags"] and "fail" not in v["flags"] and v["slots"]:
+                slots = [(int(r[0]), int(r[-1])) for r in v["slots"]]
+                shards[node_id] = Shard(slots, port, [])
+        for port, v in nodes.values():
+            if "slave" in v["flags"] and "fail" not in v["flags"] and v["master_id"] in shards:
+                shards[v["master_id"]].replicas.append(port)
         return sorted(shards.values(), key=lambda s: s.slots[0])
 
     def primaries(self) -> list[int]:
@@ -262,7 +245,7 @@ def start_cluster(tmp: Path) -> Cluster:
     c = Cluster()
     try:
         for i in range(6):
-            s = node(path, tmp / f"node{i}", CLUSTER_ARGS, cluster_port())
+            s = node(path, tmp / f"node{i}", CLUSTER_ARGS, low_port(cluster=True))
             c.nodes[s.port] = s
         out = subprocess.run(
             [
@@ -334,15 +317,6 @@ class Sentinels:
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.primary(), decode_responses=True)
-
-    def state_ok(self, port: int) -> bool:
-        try:
-            reply = self.node_client(port).execute_command("CLUSTER INFO")
-        except (redis.RedisError, OSError):
-            return False
-        if isinstance(reply, dict):  # redis-py parses it into a dict
-            return bool(reply.get("cluster_state") == "ok")
-        return "cluster_state:ok" in str(reply)
 
     def healthy(self) -> bool:
         """Both servers up, the replica in sync, every Sentinel knowing the replica and the
@@ -426,7 +400,7 @@ def start_sentinels(tmp: Path) -> Sentinels:
         replica = node(path, tmp / "replica", ["--replicaof", "127.0.0.1", str(primary.port)])
         servers[replica.port] = replica
         for i in range(3):
-            port = free_port()
+            port = low_port()
             d = tmp / f"sentinel{i}"
             d.mkdir()
             conf = d / "sentinel.conf"
@@ -502,7 +476,6 @@ class Traffic:
         self.pause_s = pause_s
         self.out = Outcomes()
         self.stop = threading.Event()
-        self.after: Callable[[], None] | None = None
         self.thread = threading.Thread(target=self._run, name="durable-traffic", daemon=True)
         self.lock = threading.Lock()
 
