@@ -1,18 +1,63 @@
-"""Sentinel failover (SPEC §5, issue 4): one primary, one replica, three Sentinels; the primary is
-SIGKILLed during steady durable traffic sent through a ``redis+sentinel://`` URL."""
+"""Sentinel (SPEC §5, issue 4): one primary, one replica, three Sentinels. The core contract
+through a ``redis+sentinel://`` URL, then the primary SIGKILLed during steady durable traffic."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from collections.abc import Iterator
+from typing import Any
 
-from redisbus import Bus
+import pytest
+import redis
+
+from redisbus import AsyncBus, Bus
 
 pytest.register_assert_rewrite("tests.cluster_servers")
 
+from tests import test_contract  # noqa: E402
 from tests.cluster_servers import Consumer, Sentinels, bus_on, run_failover  # noqa: E402
-from tests.conftest import settings  # noqa: E402
+from tests.conftest import Synced, settings  # noqa: E402
 
 pytest_plugins = ["tests.cluster_servers"]
+
+# Collect every contract test here too, run against buses that know only the Sentinels.
+globals().update({n: f for n, f in vars(test_contract).items() if n.startswith("test_")})
+
+
+class SentinelSynced(Synced):
+    """The async face behind the sync adapter, inspected on the primary the Sentinels name."""
+
+    sentinels: Sentinels
+
+    @property
+    def redis(self) -> Any:
+        return redis.Redis(port=self.sentinels.primary(), decode_responses=True)
+
+
+@pytest.fixture
+def make_bus(redis_sentinels: Sentinels, face: str) -> Iterator[Any]:
+    """make_bus(sync=False, **settings): a Bus or AsyncBus from the Sentinel URL, flushed."""
+    redis_sentinels.wait_healthy()
+    redis_sentinels.client().flushall()
+    made: list[Any] = []
+    loop = asyncio.new_event_loop()
+
+    def make(sync: bool = False, **kw: Any) -> Any:
+        s = settings(**kw)
+        b: Any
+        if face == "sync" or sync:
+            b = Bus.from_url(redis_sentinels.url, settings=s)
+        else:
+            b = SentinelSynced(AsyncBus.from_url(redis_sentinels.url, settings=s), loop)
+            b.sentinels = redis_sentinels
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+    loop.close()
+
 
 FAILOVER_LIMITS = {"inbox_cap": 1_000_000, "pair_rate_burst": 0, "sender_rate_burst": 0}
 
