@@ -18,6 +18,7 @@ from redis import exceptions as rx
 
 from . import _core as core
 from . import _validate as check
+from ._agent import AgentState
 from ._errors import InvalidInput, RedisbusError
 from ._keys import ChannelKeys, registry_key
 from ._model import DeadLetter, Member, Message, Receipt, Roster, WaitResult, id_ms
@@ -534,48 +535,8 @@ class AsyncChannel:
         return int(await self.bus._io.call(self.bus._io.r.xlen, self.keys.stream))
 
 
-class AsyncAgent:
+class AsyncAgent(AgentState):
     """A handle bound to one agent identity; every message it sends carries that identity."""
-
-    def __init__(
-        self,
-        channel: AsyncChannel,
-        name: str,
-        agent_id: str,
-        depth: int,
-        parent: str | None,
-        replica: str,
-    ) -> None:
-        self.channel = channel
-        self.name = name
-        self.id = agent_id
-        self.depth = depth
-        self.parent = parent
-        self.replica = replica
-        self._bus = channel.bus
-        self._keys = channel.keys
-        self._send_keys = [
-            channel.keys.stream,
-            channel.keys.meta,
-            channel.keys.parents,
-            channel.keys.status,
-            channel.keys.ids,
-            channel.keys.inbox,
-            channel.keys.rate,
-            channel.keys.idem,
-        ]
-        self._deferred: builtins.list[str] = []
-        self._recovered = False
-        self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
-        self._handed: set[str] = set()  # ids returned to this handle and not yet done
-        self._cancelled = False
-        self._want_status: str | None = None
-        self._last_claim = float("-inf")
-        self._pel_dirty = False  # read()/mark_done() fetched entries wait() has not returned
-        self.slots: asyncio.Semaphore | None = None
-
-    def __repr__(self) -> str:
-        return f"<AsyncAgent {self.name!r} on {self.channel.name!r}>"
 
     # -- sending ----------------------------------------------------------------------------
     async def send(
@@ -681,15 +642,6 @@ class AsyncAgent:
             out.append(result)
         return out
 
-    def _count(self, result: Receipt | builtins.list[Receipt], type_: str) -> None:
-        m = self._bus.metrics
-        receipts = result if isinstance(result, list) else [result]
-        if any(r.id for r in receipts):
-            m.sent(type_)
-        for r in receipts:
-            if r.error is not None:
-                m.rejected(r.error.code)
-
     async def _await_delivery(self, result: Any, wait_s: float) -> Any:
         receipts = result if isinstance(result, list) else [result]
         entry = next((r.id for r in receipts if r.id), None)
@@ -766,12 +718,6 @@ class AsyncAgent:
                 self._bus.metrics.received(len(mine))
         return msgs
 
-    def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
-        if not self._deferred:
-            return []
-        k = self._keys
-        return [("settle", [k.stream, k.inbox, k.marks, k.status], [self.name, *self._deferred])]
-
     async def flush(self) -> None:
         """Write pending bookkeeping (read marks, acks of others' entries) now."""
         calls = self._settle_calls()
@@ -836,13 +782,6 @@ class AsyncAgent:
             if released and self.slots is not None:
                 await self.slots.acquire()
 
-    def _result(self, msgs: builtins.list[Message]) -> WaitResult:
-        self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
-        kind = core.wait_kind(self.name, msgs)
-        if kind == "cancelled":
-            self._cancelled = True
-        return WaitResult(kind, msgs)
-
     async def _own_pending(self, *, redelivered: bool) -> builtins.list[Message]:
         out: builtins.list[Message] = []
         cursor = "0"
@@ -869,51 +808,6 @@ class AsyncAgent:
         if settle:
             del self._deferred[: len(settle)]
         return entries, now
-
-    def _take(
-        self,
-        entries: builtins.list[Any],
-        now_ms: int,
-        *,
-        redelivered: bool = False,
-        own: bool = False,
-    ) -> builtins.list[Message]:
-        out = []
-        metrics = self._bus.metrics
-        for entry_id, f in entries:
-            if f is None:  # deleted while pending
-                self._deferred += ["a", entry_id]
-                continue
-            if not core.addressed_to(f, self.name):
-                self._deferred += ["a", entry_id]
-                continue
-            if core.expired_at(entry_id, f, now_ms):
-                self._deferred += ["x", entry_id]
-                continue
-            if own and entry_id in self._handed:
-                continue  # this handle already returned it
-            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
-            if ok is False and self._bus.settings.unsigned == "reject":
-                self._deferred += ["a", entry_id]  # forged or unsigned: never handed over
-                log.warning(
-                    "redisbus: dropped message %s to %s: bad or missing signature",
-                    entry_id,
-                    self.name,
-                )
-                continue
-            if not redelivered:
-                metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
-            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True, verified=ok)
-            out.append(msg)
-            if msg.type != "control":
-                self._handed.add(entry_id)
-            # control messages are consumed on sight; the others become read
-            self._deferred += ["d" if msg.type == "control" else "r", entry_id]
-        if out:
-            metrics.received(len(out))
-            if redelivered:
-                metrics.redelivered(len(out))
-        return out
 
     async def _reclaim(self) -> builtins.list[Message]:
         """Take over messages whose lease ran out on a dead replica (at most every lease/4);
@@ -1078,10 +972,6 @@ class AsyncAgent:
             if res.kind == "cancelled":
                 return outcomes
             self._sort(res.messages, outcomes)
-
-    def _sort(self, messages: builtins.list[Message], outcomes: builtins.list[Message]) -> None:
-        for m in messages:
-            (outcomes if m.type == "outcome" else self._held).append(m)
 
     async def discover(self, query: str = "", limit: int = 20) -> builtins.list[Member]:
         """Reachable members ranked by how well their cards (description, skills) match."""
