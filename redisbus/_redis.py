@@ -26,6 +26,10 @@ def classify(e: BaseException) -> tuple[Action, RedisbusError]:
     """How to react to a Redis exception, and the typed error to raise when giving up."""
     if isinstance(e, rx.NoScriptError):
         return "reload", RedisbusError(f"script cache lost: {e}")
+    if isinstance(e, rx.RedisClusterException) and not isinstance(e, rx.RedisError):
+        # redis-py's cluster errors ("cannot be connected", slot not covered) sit outside
+        # RedisError; they mean the cluster is unreachable or re-forming: retry
+        return "retry", BusConnectionError(f"Redis Cluster unavailable: {e}")
     if isinstance(e, rx.ConnectionError | rx.TimeoutError | ConnectionError | TimeoutError):
         return "retry", BusConnectionError(f"Redis unreachable: {e}")
     if isinstance(e, rx.ClusterDownError | rx.TryAgainError | rx.MasterDownError):
@@ -147,7 +151,10 @@ def sync_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
         from redis.cluster import RedisCluster
 
         opts.pop("health_check_interval", None)
-        return RedisCluster.from_url(url, **opts), True
+        try:  # the sync cluster client connects in its constructor
+            return RedisCluster.from_url(url, **opts), True
+        except (rx.RedisError, rx.RedisClusterException, OSError) as e:
+            raise classify(e)[1] from e
     return redis.Redis.from_url(url, retry=no_retry(), **opts), False
 
 

@@ -19,7 +19,7 @@ from redis import exceptions as rx
 from . import _core as core
 from . import _validate as check
 from ._agent import AgentState
-from ._errors import InvalidInput, RedisbusError
+from ._errors import BusConnectionError, InvalidInput, RedisbusError
 from ._keys import ChannelKeys, registry_key
 from ._model import DeadLetter, Member, Message, Receipt, Roster, WaitResult, id_ms
 from ._redis import backoff_s, classify, sync_client
@@ -57,7 +57,7 @@ class _IO:
         while True:
             try:
                 return fn(*args, **kw)
-            except (rx.RedisError, OSError) as e:
+            except (rx.RedisError, rx.RedisClusterException, OSError) as e:
                 action, err = classify(e)
                 if action == "reload":
                     self.sha.clear()
@@ -122,7 +122,7 @@ class _IO:
             pipe.evalsha(self.load(n), len(k), *k, *a)
         try:
             raw = pipe.execute(raise_on_error=False)
-        except (rx.RedisError, OSError) as e:
+        except (rx.RedisError, rx.RedisClusterException, OSError) as e:
             raise classify(e)[1] from e
         out = []
         for (n, k, a), r in zip(calls, raw, strict=True):
@@ -140,13 +140,21 @@ class _IO:
         return out
 
     def replicate(self, key: str, replicas: int, timeout_s: float) -> bool:
-        """WAIT for ``replicas`` replicas of the node holding ``key``; False when not reached."""
+        """WAIT for ``replicas`` replicas of the node holding ``key``; False when not reached.
+
+        Never retried: after a reconnect WAIT would vouch for whatever node answers then
+        (perhaps a newly promoted primary), not for this write. A dropped WAIT is False."""
         ms = max(1, int(timeout_s * 1000))
-        if self.cluster:
-            node = self.r.get_node_from_key(key)
-            n = self.call(self.r.execute_command, "WAIT", replicas, ms, target_nodes=node)
-        else:
-            n = self.call(self.r.wait, replicas, ms)
+        try:
+            if self.cluster:
+                node = self.r.get_node_from_key(key)
+                n = self.call(
+                    self.r.execute_command, "WAIT", replicas, ms, target_nodes=node, retry=False
+                )
+            else:
+                n = self.call(self.r.wait, replicas, ms, retry=False)
+        except BusConnectionError:
+            return False
         return int(n) >= replicas
 
     def fetch(
@@ -238,8 +246,8 @@ class _Heart:
         while not self.stop.wait(s.heartbeat_s):
             try:
                 self.beat()
-            except RedisbusError:
-                continue  # the next beat retries; a lost lease is what the reaper is for
+            except Exception:  # never let the heartbeat die: the bus's agents would look lost
+                log.exception("redisbus: heartbeat failed; retrying next period")
 
     def beat(self) -> None:
         with self.lock:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
-from redis.exceptions import MovedError, RedisClusterException
+from redis.exceptions import MovedError
 
 from redisbus import AsyncBus, Bus, BusConnectionError
 from redisbus.embedded import free_port
@@ -258,11 +258,6 @@ def test_script_flush_and_client_kill_on_every_node_lose_and_double_nothing(
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RedisClusterException,
-    reason="core: redis-py's RedisClusterException is not a RedisError, so _IO.call lets it out",
-)
 def test_unreachable_cluster_is_a_bus_connection_error(face: str) -> None:
     # given: a cluster URL where nothing listens
     url = f"redis://127.0.0.1:{free_port()}/0"

@@ -198,18 +198,20 @@ def test_script_flush_and_client_kill_lose_and_double_nothing(redis7: Server) ->
     for t in threads:
         t.start()
     sent = 0
-    for i in range(n):
-        for _attempt in range(50):
-            try:
-                sender.send("receiver", f"m{i}", idempotency_key=f"k{i}")
-                sent += 1
-                break
-            except BusConnectionError:
-                time.sleep(0.01)
-    assert wait_for(lambda: len(set(received)) >= n, 30)
-    stop.set()
-    for t in threads:
-        t.join(10)
+    try:
+        for i in range(n):
+            for _attempt in range(50):
+                try:
+                    sender.send("receiver", f"m{i}", idempotency_key=f"k{i}")
+                    sent += 1
+                    break
+                except BusConnectionError:
+                    time.sleep(0.01)
+        assert wait_for(lambda: len(set(received)) >= n, 30)
+    finally:  # never leave the kill storm running for the tests after this one
+        stop.set()
+        for t in threads:
+            t.join(10)
     assert sent == n
     assert set(received) == {f"m{i}" for i in range(n)}
     assert len(received) == n  # no message handed over twice
