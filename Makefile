@@ -1,5 +1,5 @@
 # redisbus — every workflow goes through here. `make` alone lists the targets.
-PY ?= python3.11
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -11,7 +11,8 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
-	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (or make PY=python3)"; exit 1; }
+	@test -n "$(PY)" || { echo "need python3.11 on PATH (or make PY=/path/to/python3.11)"; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PY) is older than 3.11"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
