@@ -183,4 +183,29 @@ def async_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
+    if not t.ssl and url.startswith("redis://"):
+        opts["connection_class"] = _fast_async_connection()
     return aredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **opts), False
+
+
+def _fast_async_connection() -> Any:
+    """redis.asyncio packs commands in pure Python (the sync client uses hiredis): an EVALSHA
+    with its keys and arguments costs more to pack than to run. Pack with hiredis when it is
+    installed, as the sync client does."""
+    import redis.asyncio as aredis
+
+    try:
+        from hiredis import pack_command
+    except ImportError:  # pragma: no cover - hiredis is a dependency
+        return aredis.Connection
+
+    class HiredisPackedConnection(aredis.Connection):
+        def pack_command(self, *args: Any) -> list[bytes]:
+            if args and isinstance(args[0], str) and " " in args[0]:
+                return list(super().pack_command(*args))  # "SCRIPT LOAD" and friends
+            try:
+                return [pack_command(args)]
+            except TypeError:  # an argument hiredis cannot encode: the slow path
+                return list(super().pack_command(*args))
+
+    return HiredisPackedConnection

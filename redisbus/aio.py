@@ -213,6 +213,49 @@ class _IO:
         return entries, now_ms
 
 
+class _Coalescer:
+    """Sends issued by concurrent tasks in the same loop turn go out as one pipeline.
+
+    A hundred agents in one process each awaiting ``send()`` would otherwise pay a round trip
+    apiece; here the first send of a turn schedules a flush, the others join its batch. Each
+    send still gets its own reply or typed error. Only sends that are not retried (no
+    idempotency key) are coalesced, and only on a standalone server (Cluster pipelines cannot
+    carry EVALSHA safely).
+    """
+
+    def __init__(self, io: _IO) -> None:
+        self.io = io
+        self.queue: list[tuple[str, Sequence[str], Sequence[Any], asyncio.Future[Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    async def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self.queue.append((name, keys, args, fut))
+        if self.task is None or self.task.done():
+            self.task = loop.create_task(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let the other ready tasks queue their sends first
+        while self.queue:
+            batch, self.queue = self.queue, []
+            try:
+                replies = await self.io.scripts_raw([(n, k, a) for n, k, a, _ in batch])
+            except Exception as e:  # the whole pipeline failed: every send in it did
+                for *_, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+                continue
+            for (*_, fut), reply in zip(batch, replies, strict=True):
+                if fut.done():
+                    continue
+                if isinstance(reply, Exception):
+                    fut.set_exception(reply)
+                else:
+                    fut.set_result(reply)
+
+
 class _Heart:
     """One task per AsyncBus: heartbeats of its local agents' replicas, and reaping of lost
     agents (see the sync face's ``_Heart``). Started by the first join; holds no thread."""
@@ -288,6 +331,7 @@ class AsyncBus:
         self._owned = owned  # an embedded server to stop on close
         self._closed = False
         self._heart = _Heart(self)
+        self._coalescer = _Coalescer(self._io)
         self._checked_eviction = False
         self._signer = Signer(self.settings.signing_keys)
 
@@ -592,9 +636,10 @@ class AsyncAgent(AgentState):
         )
         wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
         try:
-            reply = await self._bus._io.script(
-                "send", self._send_keys, plan.argv, retry=idempotency_key is not None
-            )
+            if idempotency_key is None and not self._bus._io.cluster:
+                reply = await self._bus._coalescer.script("send", self._send_keys, plan.argv)
+            else:
+                reply = await self._bus._io.script("send", self._send_keys, plan.argv, retry=True)
             result = core.parse_send(plan, reply)
         except RedisbusError as e:
             self._bus.metrics.rejected(e.code)
