@@ -16,12 +16,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
 from rich.console import Console
 from rich.table import Table
 
+from bench import report
 from bench.cases import LIMITS, check, opened
 from bench.common import Ctx, RoundTrips, body
 from bench.server import bench_server
@@ -198,6 +200,7 @@ def run(ctx: Ctx, fanout: int) -> list[Cost]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.costs", description=__doc__)
     p.add_argument("--fanout", type=int, default=100, help="members a broadcast reaches")
+    p.add_argument("--md", type=Path, help="also write the table as markdown to this file")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     console = Console(width=max(Console().width, 140))
     with bench_server() as server:
@@ -223,7 +226,30 @@ def main(argv: list[str] | None = None) -> int:
         )
     console.print(table)
     console.print(f"redis-server {server.version}; server µs: top-level commands only")
+    if args.md:
+        args.md.write_text(markdown(costs, server.version))
     return 0
+
+
+def markdown(costs: list[Cost], version: str) -> str:
+    machine = report.machine_line(report.describe_machine(version, "private, loopback"))
+    lines = [
+        "# Cost of one call",
+        "",
+        f"`python -m bench.costs` — {report.now_iso()}. Machine: {machine}.",
+        "",
+        "Server µs counts the top-level commands only (a script's time includes what it calls);",
+        "server commands include those a script runs.",
+        "",
+        "| operation | wall p50 µs | round trips | sent | server commands | server µs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in costs:
+        lines.append(
+            f"| {c.op} | {c.wall_us:,.0f} | {c.round_trips:g} | {c.sent} | "
+            f"{c.server_commands:.1f} | {c.server_us:,.1f} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
