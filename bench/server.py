@@ -141,13 +141,14 @@ def private_server(binary: str | None = None, attempts: int = 3) -> Iterator[Ser
 
 
 @contextmanager
-def bench_server() -> Iterator[Server]:
-    """The server for this run: ``$REDISBUS_BENCH_URL`` if set, else a private one."""
+def bench_server(binary: str | None = None) -> Iterator[Server]:
+    """The server for this run: ``$REDISBUS_BENCH_URL`` if set, else a private one (of
+    ``binary`` when given)."""
     url = os.environ.get(ENV_URL)
     if url:
         yield Server(url=url, own=False, binary=None, version=_version(url))
         return
-    with private_server() as server:
+    with private_server(binary) as server:
         yield server
 
 
