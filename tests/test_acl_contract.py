@@ -27,7 +27,7 @@ pytest.register_assert_rewrite("tests.tls_servers")
 
 from tests import test_contract  # noqa: E402
 from tests.deploy_support import REDIS_DIR, redis_binaries, run_redis  # noqa: E402
-from tests.servers import missing  # noqa: E402
+from tests.servers import missing, version  # noqa: E402
 from tests.tls_servers import contract_buses  # noqa: E402
 
 # Collect every contract test here too; the fixtures below decide what they run against.
@@ -62,9 +62,11 @@ def render_acl(out: Path, passwords: dict[str, str]) -> None:
         f.write(f"user admin on >{passwords['admin']} ~* &* +@all\n")
 
 
-@pytest.fixture(
-    scope="module", params=redis_binaries() or ["missing"], ids=lambda b: Path(b).parent.name
-)
+def binary_id(path: str) -> str:
+    return "missing" if path == "missing" else f"redis-{version(path)}"
+
+
+@pytest.fixture(scope="module", params=redis_binaries() or ["missing"], ids=binary_id)
 def acl_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[AclServer]:
