@@ -97,3 +97,26 @@ def test_the_certified_client_gets_through(tls_redis: TLSServer, face: str) -> N
     first_call(face, tls_redis.url, **tls_redis.ssl_settings())
     with tls_redis.client() as admin:
         assert admin.sismember("rb:channels", "tls-probe") or admin.exists("rb:{tls-probe}:meta")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core _redis.py: rediss+sentinel:// passes the ssl_* files without ssl=True, so "
+    "each master connection raises TypeError; the sentinels get no CA or client certificate",
+)
+def test_a_rediss_sentinel_url_builds_tls_connections_with_the_certificates(
+    tls_redis: TLSServer, face: str
+) -> None:
+    # No sentinel runs here: building a connection object does no I/O.
+    url = "rediss+sentinel://127.0.0.1:1/mymaster"
+    s = BusSettings(metrics=False, **tls_redis.ssl_settings())  # type: ignore[arg-type]
+    bus: Any = (
+        Bus.from_url(url, settings=s) if face == "sync" else AsyncBus.from_url(url, settings=s)
+    )
+    pool = bus.redis.connection_pool
+    to_master = pool.make_connection()
+    assert "SSL" in type(to_master).__name__
+    for sentinel in pool.sentinel_manager.sentinels:
+        kw = sentinel.connection_pool.connection_kwargs
+        assert kw.get("ssl_ca_certs") == tls_redis.certs.ca
+        assert kw.get("ssl_certfile") == tls_redis.certs.client_cert
