@@ -142,6 +142,35 @@ def existing_channel(bus: Bus, name: str) -> Channel:
     return bus.channel(cname)
 
 
+def precheck(
+    *,
+    filter_by: str | None = None,
+    since: str | None = None,
+    limit: int | None = None,
+    preview: int | None = None,
+    timeout: float | None = None,
+    ids: list[str] | None = None,
+    result: str | None = None,
+) -> None:
+    """Refuse bad options before anything touches Redis: a refused command must not even join
+    its --as agent."""
+    from . import _validate as check
+    from ._filters import check_entry_id, parse_filter, parse_since
+
+    parse_filter(filter_by)
+    parse_since(since)
+    if limit is not None:
+        check.integer(limit, "limit", 1, 10_000)
+    if preview is not None:
+        check.integer(preview, "preview", 0, 1 << 20)
+    if timeout is not None:
+        check.seconds(timeout, "timeout")
+    for i in ids or []:
+        check_entry_id(i)
+    if result is not None:
+        check.text(result, "result", 1024, allow_newlines=True)
+
+
 def attach(ch: Channel, name: str, parent: str | None, settings: BusSettings, **card: Any) -> Agent:
     """Join as ``name`` (re-attaching when it is already a member) with a CLI replica name."""
     replica = settings.replica or f"{settings.host}/cli"

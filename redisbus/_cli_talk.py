@@ -28,6 +28,7 @@ from ._cli_base import (
     err,
     existing_channel,
     out,
+    precheck,
     write_json,
 )
 from ._cli_view import message_text, print_messages, receipt_table, refusal_text, safe
@@ -171,6 +172,7 @@ def read(
     cluster: ClusterOpt = False,
 ) -> None:
     """Read messages in full; those addressed to you become read (default filter: unread)."""
+    precheck(filter_by=filter_by, since=since, limit=limit)
     with connect(url, prefix, cluster) as bus:
         me = attach(existing_channel(bus, channel), agent, parent, bus.settings)
         msgs = me.read(filter_by=filter_by, since=since, limit=limit)
@@ -197,6 +199,7 @@ def list_(
     cluster: ClusterOpt = False,
 ) -> None:
     """List message headers and read flags; changes nothing (default filter: all)."""
+    precheck(filter_by=filter_by, since=since, limit=limit, preview=preview)
     with connect(url, prefix, cluster) as bus:
         me = attach(existing_channel(bus, channel), agent, parent, bus.settings)
         print_messages(
@@ -220,6 +223,7 @@ def wait(
     cluster: ClusterOpt = False,
 ) -> None:
     """Block until a message for --as NAME arrives (exit 1 on timeout)."""
+    precheck(timeout=timeout)
     with connect(url, prefix, cluster) as bus:
         me = attach(existing_channel(bus, channel), agent, parent, bus.settings)
         result = me.wait(timeout=timeout)
@@ -244,6 +248,7 @@ def done(
     cluster: ClusterOpt = False,
 ) -> None:
     """Mark messages addressed to --as NAME done."""
+    precheck(ids=ids, result=result)
     with connect(url, prefix, cluster) as bus:
         me = attach(existing_channel(bus, channel), agent, None, bus.settings)
         changed = me.mark_done(ids, result=result)

@@ -473,7 +473,7 @@ def parse_view(
     unsigned: str = "reject",
 ) -> list[Message]:
     out = []
-    for entry_id, flat, mark in reply[2:]:
+    for entry_id, flat, mark in reply[3:]:
         f = fields_from_flat(flat)
         ok = verdict(signer, unsigned, channel, f)
         if ok is False and unsigned == "reject":

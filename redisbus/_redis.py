@@ -141,8 +141,9 @@ def sync_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
         from redis.sentinel import Sentinel
 
         sentinel_kw: dict[str, Any] = {"socket_timeout": settings.connect_timeout_s}
-        if t.ssl:
-            sentinel_kw["ssl"] = True
+        if t.ssl:  # rediss+sentinel: TLS to the sentinels and to the primary
+            opts["ssl"] = True
+            sentinel_kw.update(ssl=True, **ssl_options(settings))
         s = Sentinel(  # type: ignore[no-untyped-call]
             list(t.sentinels), sentinel_kwargs=sentinel_kw, db=t.db, retry=no_retry(), **opts
         )
@@ -168,11 +169,12 @@ def async_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
     if t.kind == "sentinel":
         from redis.asyncio.sentinel import Sentinel
 
+        sentinel_kw: dict[str, Any] = {"socket_timeout": settings.connect_timeout_s}
+        if t.ssl:
+            opts["ssl"] = True
+            sentinel_kw.update(ssl=True, **ssl_options(settings))
         s = Sentinel(  # type: ignore[no-untyped-call]
-            list(t.sentinels),
-            sentinel_kwargs={"socket_timeout": settings.connect_timeout_s},
-            db=t.db,
-            **opts,
+            list(t.sentinels), sentinel_kwargs=sentinel_kw, db=t.db, **opts
         )
         return s.master_for(t.service, db=t.db), False
     if t.kind == "cluster":

@@ -753,6 +753,19 @@ class AsyncAgent(AgentState):
         self._deferred.clear()
         if pull:
             self._pel_dirty = True
+        # a long backlog addressed to others: keep fetching until the filter is served
+        for _ in range(50):
+            if not (pull and int(reply[2]) and len(reply) - 3 < plan.limit):
+                break
+            more = await self._bus._io.script("view", [k.stream, k.inbox, k.marks], plan.argv)
+            seen = {e[0] for e in reply[3:]}
+            reply = [
+                more[0],
+                more[1],
+                more[2],
+                *reply[3:],
+                *(e for e in more[3:] if e[0] not in seen),
+            ]
         msgs = core.parse_view(
             self.channel.name,
             self.name,
@@ -823,9 +836,15 @@ class AsyncAgent(AgentState):
                     if self.slots is not None:
                         self.slots.release()
                         released = True
-                msgs = self._take(*await self._fetch(">", block_ms))
-                if not msgs and block_ms and block_ms >= 1000:
-                    msgs = await self._reclaim()
+                entries, now_ms = await self._fetch(">", block_ms)
+                msgs = self._take(entries, now_ms)
+                if not entries and block_ms:
+                    # A quiet slice: pick up what a reply lost to a dropped connection left in
+                    # this replica's pending list (a client retry may hide the drop), then
+                    # what dead replicas left behind.
+                    msgs = await self._own_pending(redelivered=False)
+                    if not msgs and block_ms >= 1000:
+                        msgs = await self._reclaim()
                 if msgs:
                     return self._result(msgs)
                 if t == 0:
@@ -928,27 +947,26 @@ class AsyncAgent(AgentState):
         done = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids])
         flags = [int(x) for x in (await self._bus._io.scripts([*self._settle_calls(), done]))[-1]]
         self._deferred.clear()
-        if any(f < 0 for f in flags):
-            # not fetched yet (seen with list()): fetch new entries, then try those again
-            retry = [i for i, f in zip(ids, flags, strict=True) if f < 0]
+        if -1 in flags:
+            pass  # refused as a whole: nothing changed, nothing fetched
+        elif -2 in flags:
+            # addressed to this agent but not fetched yet (seen with list()): fetch, then retry
             pull = core.plan_view(
                 self.name, self.replica, "open", None, None, 1, pull=True, mark=False
             )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
-            again = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *retry])
-            out = (
-                await self._bus._io.scripts(
-                    [("view", [k.stream, k.inbox, k.marks], pull.argv), again]
-                )
-            )[-1]
-            self._pel_dirty = True  # the pull may have fetched entries wait() has not returned
-            redo = dict(zip(retry, (int(x) for x in out), strict=True))
-            flags = [redo.get(i, f) for i, f in zip(ids, flags, strict=True)]
+            for _ in range(50):  # fetch until nothing is left (each call is capped)
+                got = await self._bus._io.script("view", [k.stream, k.inbox, k.marks], pull.argv)
+                if not int(got[2]):
+                    break
+            self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
+            flags = [int(x) for x in await self._bus._io.script("done", done[1], done[2])]
         self._handed.difference_update(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
             raise InvalidInput(
-                f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}"
+                f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}; "
+                "nothing was marked done"
             )
         n = sum(1 for f in flags if f == 1)
         if n:

@@ -267,7 +267,19 @@ def test_compose_file_validates_against_the_compose_schema() -> None:
 def test_compose_runs_redis_exporter_two_agent_hosts_prometheus_and_grafana() -> None:
     (doc,) = yaml_docs(DEPLOY / "docker-compose.yml")
     services = doc["services"]
-    assert set(services) == {"redis", "exporter", "agent-a", "agent-b", "prometheus", "grafana"}
+    assert set(services) == {
+        "redis",
+        "exporter",
+        "janitor",
+        "agent-a",
+        "agent-b",
+        "prometheus",
+        "grafana",
+    }
+    # the exporter's user is read-only: the janitor runs on its own, as the agent user
+    assert services["exporter"]["environment"]["REDISBUS_JANITOR"] == "false"
+    assert services["janitor"]["command"] == ["janitor"]
+    assert services["janitor"]["environment"]["REDISBUS_USERNAME"] == "agent"
     redis_cmd = " ".join(services["redis"]["command"])
     for flag in (
         "--appendonly yes",
@@ -419,9 +431,10 @@ def test_committed_deploy_files_hold_no_machine_paths() -> None:
             assert bad not in text, (path.name, bad)
 
 
-# Variables that are not BusSettings fields: the exporter's options (its settings class is
-# to come; keep these names when it does) and deploy/agent_host.py's.
+# Variables that are not BusSettings fields: the exporter's options (redisbus.exporter's
+# ExporterSettings) and deploy/agent_host.py's.
 NON_BUS_SETTINGS = {
+    "REDISBUS_JANITOR",
     "REDISBUS_EXPORTER_PORT",
     "REDISBUS_EXPORTER_TOP_N",
     "REDISBUS_WATCHDOG_STALE_S",

@@ -248,8 +248,7 @@ def test_mcp_tools_through_the_sdk_refuse_junk_with_tool_errors(
         event(f"{name}: refused ({type(e.__cause__).__name__ if e.__cause__ else 'tool'})")
         if isinstance(e.__cause__, RedisbusError):
             assert TOOL_CODE.match(str(e)), str(e)
-        if name != "agent_mark_done":  # known gaps of mark_done: see the xfails below
-            assert mcp_board.state() == before, changes(before, mcp_board.state())
+        assert mcp_board.state() == before, changes(before, mcp_board.state())
     # anything else (UnexpectedToolError: the tool crashed) fails the test with its traceback
 
 
@@ -286,8 +285,7 @@ def test_mcp_tool_functions_called_directly_with_junk_raise_only_tool_errors(
     except ToolError as e:
         event(f"{name}: refused {str(e).split(':')[0]}")
         assert TOOL_CODE.match(str(e)), str(e)
-        if name != "agent_mark_done":  # known gaps of mark_done: see the xfails below
-            assert mcp_board.state() == before, changes(before, mcp_board.state())
+        assert mcp_board.state() == before, changes(before, mcp_board.state())
     else:
         event(f"{name}: accepted")
         reply = json.loads(out)
@@ -571,17 +569,12 @@ def test_cli_refuses_junk_options_in_one_line_and_changes_nothing(
     partial = PARTIAL.search(lines[0])
     if partial and int(partial[1]) < int(partial[2]):
         return  # a broadcast delivered to the others, as it should (SPEC §2)
-    if cmd != "done":  # known gaps of mark_done: see the xfails below
-        assert cli_board.state() == before, changes(before, cli_board.state())
+    assert cli_board.state() == before, changes(before, cli_board.state())
 
 
-# -- known gaps: each fails today; fixing it turns the xfail into a failure to remove -----------
+# -- gaps the fuzzers found, now closed ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: Agent.mark_done fetches the agent's new entries before refusing unknown ids",
-)
 def test_refused_mark_done_delivers_nothing(redis7: Server) -> None:
     with Bus.from_url(redis7.url, settings=BusSettings(metrics=False)) as bus:
         ch = bus.channel("fz-done-" + uuid.uuid4().hex[:8])
@@ -593,10 +586,6 @@ def test_refused_mark_done_delivers_nothing(redis7: Server) -> None:
         assert channel_state(bus.redis, ch) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core: Agent.mark_done marks the good ids done, then refuses the bad ones",
-)
 def test_mark_done_with_one_bad_id_marks_nothing(redis7: Server) -> None:
     with Bus.from_url(redis7.url, settings=BusSettings(metrics=False)) as bus:
         ch = bus.channel("fz-done-" + uuid.uuid4().hex[:8])
@@ -609,10 +598,6 @@ def test_mark_done_with_one_bad_id_marks_nothing(redis7: Server) -> None:
         assert channel_state(bus.redis, ch) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CLI: read/list/wait/done attach (join) --as before the bad option is refused",
-)
 def test_cli_refusal_does_not_join_a_new_agent(cli_board: CliBoard) -> None:
     before = cli_board.state()
     ran = run_cli(

@@ -99,11 +99,6 @@ def test_the_certified_client_gets_through(tls_redis: TLSServer, face: str) -> N
         assert admin.sismember("rb:channels", "tls-probe") or admin.exists("rb:{tls-probe}:meta")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core _redis.py: rediss+sentinel:// passes the ssl_* files without ssl=True, so "
-    "each master connection raises TypeError; the sentinels get no CA or client certificate",
-)
 def test_a_rediss_sentinel_url_builds_tls_connections_with_the_certificates(
     tls_redis: TLSServer, face: str
 ) -> None:

@@ -1,47 +1,75 @@
 -- done.lua: mark messages done for an agent: acknowledge, count down its inbox, stamp receipts.
+-- All or nothing: when any id is refused, nothing changes.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks
 -- ARGV[1] agent (its group)   ARGV[2] result text ("" for none)   ARGV[3..] entry ids
 --
--- returns one flag per id: 1 done now, 0 already done, -1 not addressed to the agent or not
--- fetched by it yet (read it first)
+-- returns one flag per id:
+--    1  done now                      0  already done (nothing to do)
+--   -1  refused: unknown, or not addressed to the agent
+--   -2  addressed to the agent but not fetched by it yet (the caller fetches, then retries)
+-- any -1 or -2 means nothing was changed
 --
 -- A done mark keeps the read and delivery times: "D<done_ms>:<read_ms>:<delivered_ms>:<result>".
 
 local stream, inbox, marks, agent, result = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
-for i = 3, #ARGV do
-  local id = ARGV[i]
-  local field = id .. '\n' .. agent
-  local pel = redis.call('XPENDING', stream, agent, id, id, 1)
-  local addressed = false
-  local mark = redis.call('HGET', marks, field) or ''
-  if pel[1] and string.sub(mark, 1, 1) == 'R' then
-    addressed = true -- it was returned to the agent as its own message
-  elseif pel[1] then
-    local e = redis.call('XRANGE', stream, id, id)
-    if e[1] then
-      local f = e[1][2]
-      for j = 1, #f, 2 do
-        if f[j] == 't' then
-          addressed = string.find('\n' .. f[j + 1] .. '\n', '\n' .. agent .. '\n', 1, true) ~= nil
-        end
-      end
+
+local function addressed(id)
+  local e = redis.call('XRANGE', stream, id, id)[1]
+  if not e then return false end
+  local f = e[2]
+  for j = 1, #f, 2 do
+    if f[j] == 't' then
+      return string.find('\n' .. f[j + 1] .. '\n', '\n' .. agent .. '\n', 1, true) ~= nil
     end
   end
-  if addressed then
-    local delivered = now - tonumber(pel[1][3])
-    local read = ''
-    if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
-    if read == '' then read = tostring(now) end
-    redis.call('XACK', stream, agent, id)
-    redis.call('HINCRBY', inbox, agent, -1)
-    redis.call('HSET', marks, field, 'D' .. now .. ':' .. read .. ':' .. delivered .. ':' .. result)
-    out[#out + 1] = 1
+  return false
+end
+
+-- first pass: classify every id, change nothing
+local flags, plan, refused = {}, {}, false
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  local mark = redis.call('HGET', marks, id .. '\n' .. agent) or ''
+  local pel = redis.call('XPENDING', stream, agent, id, id, 1)[1]
+  local kind = string.sub(mark, 1, 1)
+  if kind == 'D' then
+    flags[#flags + 1] = 0
+  elseif pel and (kind == 'R' or addressed(id)) then
+    flags[#flags + 1] = 1
+    plan[#plan + 1] = {id, mark, pel}
+  elseif not pel and kind == '' and addressed(id) then
+    flags[#flags + 1] = -2
+    refused = true
   else
-    if string.sub(mark, 1, 1) == 'D' then out[#out + 1] = 0 else out[#out + 1] = -1 end
+    flags[#flags + 1] = -1
+    refused = true
   end
 end
-return out
+if refused then
+  for i, f in ipairs(flags) do if f == 1 then flags[i] = 0 end end
+  -- report which ids blocked the call; the others stay as they are (0 = unchanged)
+  for i = 3, #ARGV do
+    if flags[i - 2] == 0 then
+      local mark = redis.call('HGET', marks, ARGV[i] .. '\n' .. agent) or ''
+      if string.sub(mark, 1, 1) ~= 'D' then flags[i - 2] = 2 end
+    end
+  end
+  return flags
+end
+
+-- second pass: every id is fine, act
+for _, p in ipairs(plan) do
+  local id, mark, pel = p[1], p[2], p[3]
+  local delivered = now - tonumber(pel[3])
+  local read = ''
+  if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
+  if read == '' then read = tostring(now) end
+  redis.call('XACK', stream, agent, id)
+  redis.call('HINCRBY', inbox, agent, -1)
+  redis.call('HSET', marks, id .. '\n' .. agent,
+    'D' .. now .. ':' .. read .. ':' .. delivered .. ':' .. result)
+end
+return flags

@@ -12,11 +12,12 @@
 -- ARGV[8]  from filter or ""   ARGV[9] to filter or ""   ARGV[10] subject filter (lower case) or ""
 -- ARGV[11] scope: "board" (every message of the channel) or "own" (to or from the agent)
 --
--- returns {now_ms, scanned, {id, {field, value, ...}, mark}, ...}
+-- returns {now_ms, scanned, more, {id, {field, value, ...}, mark}, ...}
+--   more is 1 when the fetch stopped at its cap (20000 entries) with entries left: call again
 --   mark is "" (unread, or not addressed to the agent), "-" (not addressed to the agent),
 --   or the receipt mark ("R..." read, "D..." done)
 --
--- Work is bounded: at most 10000 entries are fetched and 20000 scanned per call.
+-- Work is bounded: at most 20000 entries are fetched and 20000 scanned per call.
 
 local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
@@ -46,19 +47,27 @@ local function expire(id)
   end
 end
 
+local more = 0 -- 1: the fetch stopped at its cap with entries left (call again)
 if pull then
-  local r = redis.call('XREADGROUP', 'GROUP', agent, consumer, 'COUNT', 10000, 'STREAMS', stream, '>')
-  if r and r[1] then
-    -- Redis replies {{stream, entries}}; fakeredis (the test double) {stream, entries}
-    local entries = r[2]
-    if type(r[1]) == 'table' then entries = r[1][2] end
+  local fetched = 0
+  while true do
+    local r = redis.call('XREADGROUP', 'GROUP', agent, consumer, 'COUNT', 1000, 'STREAMS', stream, '>')
+    local entries = {}
+    if r and r[1] then
+      -- Redis replies {{stream, entries}}; fakeredis (the test double) {stream, entries}
+      entries = r[2]
+      if type(r[1]) == 'table' then entries = r[1][2] end
+    end
     for _, e in ipairs(entries) do
       if not addressed(e[2], agent) then redis.call('XACK', stream, agent, e[1])
       elseif expired(e[1], e[2]) then expire(e[1]) end
     end
+    fetched = fetched + #entries
+    if #entries < 1000 then break end
+    if fetched >= 20000 then more = 1 break end
   end
 end
-if limit == 0 then return {now, 0} end
+if limit == 0 then return {now, 0, more} end
 
 -- where to start (XRANGE bound): after an id (exclusive), or for unread messages at the
 -- oldest pending entry (inclusive) or, with nothing pending, just after the group cursor
@@ -75,11 +84,11 @@ if unread_only and not cursor then
       if name == agent then low = '(' .. last end
     end
   end
-  if not low then return {now, 0} end
+  if not low then return {now, 0, more} end
   cursor = low
 end
 
-local out = {now, 0}
+local out = {now, 0, more}
 local scanned, found = 0, 0
 local function consider(e)
   local id, f = e[1], e[2]
