@@ -325,9 +325,46 @@ def test_janitor_command_sweeps_once(redis7: Server) -> None:
     a.send("b", "x")
     b.mark_done(b.read())
     exe = Path(sys.executable).with_name("redisbus")
-    out = subprocess.run([str(exe), "janitor", "--once", "--url", redis7.url],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(exe), "janitor", "--once", "--url", redis7.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "1 trimmed" in out.stdout
     assert bus.redis.xlen(ch.keys.stream) == 0
+    bus.close()
+
+
+def test_janitors_on_several_hosts_at_once_agree(redis7: Server) -> None:
+    # given a channel with done, undone and dead work, and four janitors racing over it
+    bus = fresh(redis7)
+    ch = bus.channel("many-janitors", **FAST)
+    a, b, c = ch.join("a"), ch.join("b"), ch.join("c")
+    for i in range(300):
+        a.send("b", f"done-{i}")
+    keep = [a.send("c", f"undone-{i}").id for i in range(20)]
+    while msgs := b.read(limit=1000):
+        b.mark_done(msgs)
+    buses = [Bus.from_url(redis7.url, settings=BusSettings(metrics=False)) for _ in range(4)]
+    reports: list[Any] = []
+
+    def sweep(x: Bus) -> None:
+        for _ in range(5):
+            reports.append(sweep_all(x, batch=50))
+
+    threads = [threading.Thread(target=sweep, args=(x,)) for x in buses]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # then together they trimmed exactly the done entries, once, and kept every undone one
+    assert sum(r.trimmed for r in reports) == 300
+    assert [e[0] for e in bus.redis.xrange(ch.keys.stream)] == keep
+    assert ch.counts() == {"a": 0, "b": 0, "c": 20}
+    assert stream_inbox_counts(bus.redis, ch) == {"c": 20}
+    assert [m.id for m in c.read(limit=100)] == keep
+    for x in buses:
+        x.close()
     bus.close()
