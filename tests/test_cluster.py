@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,7 +154,9 @@ def chan_name(cluster: Cluster) -> Iterator[str]:
 def test_contract_channels_landed_on_every_shard(cluster: Cluster) -> None:
     """Runs after the tests above (module order): each channel's keys sit on the primary its
     hash tag names, and together they covered every shard."""
-    if not LANDED:
+    if not LANDED:  # run alone (-k), nothing to check: in a full run this is a failure
+        if os.environ.get("CI"):
+            pytest.fail("no contract test placed a channel before this check", pytrace=False)
         pytest.skip("no test with a channel ran before this one")
     assert all(meant == port for meant, port in LANDED.values()), LANDED
     if len(LANDED) >= len(cluster.primaries()):
