@@ -19,6 +19,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- circuit breaker: count a dead letter of `who`; enough within the window open its breaker
+-- (kept identical to sweep.lua's: scripts cannot share code; send.lua reads the result)
 local function trip(who)
   local cfg = redis.call('HMGET', meta, 'breaker_failures', 'breaker_window_s', 'breaker_cooldown_s')
   local limit = tonumber(cfg[1] or '0')

@@ -25,6 +25,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
 -- circuit breaker: count a dead letter of `who`; enough within the window open its breaker
+-- (kept identical to claim.lua's: scripts cannot share code; send.lua reads the result)
 local function trip(who)
   local cfg = redis.call('HMGET', meta, 'breaker_failures', 'breaker_window_s', 'breaker_cooldown_s')
   local limit = tonumber(cfg[1] or '0')
