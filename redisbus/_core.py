@@ -194,8 +194,6 @@ def raise_if_refused(reply: Sequence[Any]) -> None:
 
 # -- messages -----------------------------------------------------------------------------------
 
-_FIELD_NAMES = frozenset("ftbskprdxicgna")
-
 
 def message_from_fields(
     channel: str,

@@ -29,10 +29,6 @@ class Filter:
     after: str | None = None  # exclusive lower bound (entry id)
 
 
-def is_entry_id(value: str) -> bool:
-    return bool(_ID.match(value))
-
-
 def check_entry_id(value: object, what: str = "message id") -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise InvalidInput(f"{what} must look like '1700000000000-0', got {value!r}")

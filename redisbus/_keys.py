@@ -55,22 +55,6 @@ class ChannelKeys:
             beat=base + "beat",
         )
 
-    def all(self) -> list[str]:
-        return [
-            self.stream,
-            self.meta,
-            self.members,
-            self.parents,
-            self.status,
-            self.ids,
-            self.inbox,
-            self.rate,
-            self.idem,
-            self.marks,
-            self.dlq,
-            self.beat,
-        ]
-
 
 def registry_key(prefix: str) -> str:
     return f"{prefix}:channels"
