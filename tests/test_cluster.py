@@ -247,11 +247,19 @@ def test_script_flush_and_client_kill_on_every_node_lose_and_double_nothing(
         # then: nothing failed, nothing confirmed is missing, nothing was stored twice
         assert killed > 0, "no bus connection was killed: the test proved nothing"
         assert not out.errors and not out.unconfirmed, (out.errors[:5], out.unconfirmed[:5])
-        assert not out.unreached, "replicas were up: every WAIT should have been reached"
+        # a kill that lands between a send's script and its WAIT drops that WAIT, which the
+        # send reports as durable=False (never retried: a new connection's WAIT vouches for
+        # nothing). Replicas stayed up, so only those sends may come back short, and their
+        # entries were appended all the same.
+        kill_turns = sum(1 for turn in range(6) if turn % 2 == 0)
+        assert len(out.unreached) <= kill_turns * len(senders), out.unreached
         for name, reader in readers.items():
             stored = read_everything(reader)
             sent = out.confirmed_to(name, "reader")
             assert {b: stored.get(b) for b in sent} == sent
+            short = {b: i for b, (c, i) in out.unreached.items() if c == name}
+            short = {b: i for b, i in short.items() if out.recipient[b] == "reader"}
+            assert {b: stored.get(b) for b in short} == short
         mine = out.confirmed_to(names[0], "live")
         assert {b: live.got.get(b) for b in mine} == mine and not live.errors
     with capsys.disabled():
