@@ -529,6 +529,8 @@ class AsyncChannel:
         updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
         if updates:
             await self.bus._io.call(self.bus._io.r.hset, self.keys.meta, mapping=updates)
+            # send.lua packs the limits into "cfg" and repacks them when it is gone
+            await self.bus._io.call(self.bus._io.r.hdel, self.keys.meta, "cfg")
         return await self.refresh()
 
     async def pause(self) -> None:

@@ -22,7 +22,7 @@ from ._agent import AgentState
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
 from ._keys import ChannelKeys, registry_key
 from ._model import DeadLetter, Member, Message, Receipt, Roster, WaitResult, id_ms
-from ._redis import backoff_s, classify, sync_client
+from ._redis import Lane, backoff_s, classify, sync_client
 from ._scripts import source
 from ._settings import BusSettings
 from ._signing import Signer
@@ -42,6 +42,7 @@ class _IO:
         self.settings = settings
         self.cluster = cluster
         self.sha: dict[str, str] = {}
+        self.lane = Lane(client) if not cluster and Lane.usable(client) else None
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
@@ -75,11 +76,23 @@ class _IO:
         for _ in range(3):
             sha = self.load(name)
             try:
-                return self.call(self.r.evalsha, sha, len(keys), *keys, *args, retry=retry)
+                return self.call(self._evalsha, sha, keys, args, retry=retry)
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
         raise RedisbusError(f"could not load script {name}")
+
+    def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self.lane is not None:
+            reply = self.lane.run("EVALSHA", sha, len(keys), *keys, *args)
+            if reply is not Lane.BUSY:
+                return reply
+        return self.r.evalsha(sha, len(keys), *keys, *args)
+
+    def close(self) -> None:
+        if self.lane is not None:
+            self.lane.close()
+        self.r.close()
 
     def scripts(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
@@ -413,7 +426,7 @@ class Bus:
         self._closed = True
         self._heart.stop.set()
         try:
-            self._io.r.close()
+            self._io.close()
         finally:
             if self._owned is not None:
                 self._owned.stop()
@@ -503,6 +516,8 @@ class Channel:
         updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
         if updates:
             self.bus._io.call(self.bus._io.r.hset, self.keys.meta, mapping=updates)
+            # send.lua packs the limits into "cfg" and repacks them when it is gone
+            self.bus._io.call(self.bus._io.r.hdel, self.keys.meta, "cfg")
         return self.refresh()
 
     def pause(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from redisbus import (
+    BudgetExceeded,
     ChainTooDeep,
     ChannelMismatch,
     ChannelPaused,
@@ -297,6 +298,26 @@ def test_channel_limits_live_in_redis(make_bus: Any, chan_name: str) -> None:
         two.channel(chan_name, routing="family")
     ch.configure(inbox_cap=4)
     assert two.channel(chan_name, inbox_cap=4).config.inbox_cap == 4
+
+
+def test_configure_applies_to_the_next_send_on_every_host(make_bus: Any, chan_name: str) -> None:
+    # given: a channel whose sends went through (send.lua keeps its limits packed)
+    one, two = make_bus(), make_bus()
+    ch = one.channel(chan_name, routing="open", inbox_cap=100, pair_rate_burst=0)
+    a = ch.join("a")
+    b = two.channel(chan_name).join("b")
+    for _ in range(3):
+        a.send("b", "before")
+    # when: another host lowers the inbox cap and the budget
+    two.channel(chan_name).configure(inbox_cap=4, max_messages=5)
+    # then: the next sends obey the new limits at once
+    a.send("b", "fourth")
+    with pytest.raises(InboxFull):
+        a.send("b", "fifth")
+    b.mark_done(b.read(limit=10))
+    a.send("b", "the fifth message of the channel")
+    with pytest.raises(BudgetExceeded):
+        a.send("b", "over budget")
 
 
 def test_ttl_expires_undelivered_messages(bus: Any, chan_name: str) -> None:

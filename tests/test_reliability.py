@@ -305,7 +305,7 @@ def test_a_million_messages_leave_memory_flat(redis7: Server) -> None:
     sweep_all(bus, batch=20_000)
     r.memory_purge()
     after = int(r.info("memory")["used_memory"])
-    sent = int(r.hget(ch.keys.meta, "sent"))
+    sent = int(r.hget(ch.keys.rate, "#sent"))
     print(
         f"\n1M messages: used_memory before={before / 1e6:.2f} MB after={after / 1e6:.2f} MB "
         f"stream length={r.xlen(ch.keys.stream)}"

@@ -24,7 +24,7 @@ if redis.call('EXISTS', meta) == 1 then
 end
 local t = redis.call('TIME')
 local fields = {'created_ms', tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)),
-  'paused', '0', 'sent', '0'}
+  'paused', '0'}
 for i = 1, #ARGV, 3 do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]

@@ -16,6 +16,9 @@
 --      or {2, id, {recipients...}}                                  idempotent replay
 --
 -- Nothing is written unless the send is accepted: every check runs before the first write.
+--
+-- Written for the hot path: each closure, table and string made here costs a fraction of a
+-- microsecond on every send, so helpers are few and the one-recipient case allocates little.
 
 local stream, meta, parents, status, ids, inbox, rate, idem =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -27,32 +30,55 @@ local function refuse(code, msg, limit, current, retry_ms)
   return {0, code, msg, tostring(limit or ""), tostring(current or ""), tostring(retry_ms or "")}
 end
 
-local m = redis.call('HMGET', meta, 'routing', 'siblings', 'paused', 'inbox_cap',
-  'max_body_bytes', 'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s',
-  'sender_rate_burst', 'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'sent',
-  'dampen_turns', 'dampen_window_s', 'auto_reply_deny')
-if not m[1] then return refuse('unknown_agent', 'no such channel') end
-local routing, siblings, paused = m[1], m[2] == '1', m[3] == '1'
-local inbox_cap, max_body, max_name = tonumber(m[4]), tonumber(m[5]), tonumber(m[6])
-local pair_burst, pair_rate = tonumber(m[7]), tonumber(m[8])
-local snd_burst, snd_rate = tonumber(m[9]), tonumber(m[10])
-local max_chain, max_msgs, sent = tonumber(m[11]), tonumber(m[12]), tonumber(m[13] or '0')
-local dampen_turns, dampen_window = tonumber(m[14] or '0'), tonumber(m[15] or '0') * 1000
-local deny = '\n' .. (m[16] or '') .. '\n'
+-- fields of the rate hash (buckets, breakers, dampeners, the sent count), read once each:
+-- most in one HMGET before the recipient checks, the rest by rget() on first use
+local cached = {}
+local function rget(field)
+  local v = cached[field]
+  if v == nil then
+    v = redis.call('HGET', rate, field) or false
+    cached[field] = v
+  end
+  return v
+end
+
+-- The channel's limits, packed in the meta field "cfg" by the first accepted send (one
+-- field to read instead of fourteen); configure() deletes it when it changes a limit.
+local m = redis.call('HMGET', meta, 'cfg', 'paused')
+local paused, cfg, new_cfg = m[2] == '1', m[1], nil
+if not cfg then
+  local names = {'routing', 'siblings', 'inbox_cap', 'max_body_bytes', 'max_name_chars',
+    'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst', 'sender_rate_per_s',
+    'max_chain_depth', 'max_messages', 'dampen_turns', 'dampen_window_s', 'auto_reply_deny'}
+  local f = redis.call('HMGET', meta, unpack(names))
+  if not f[1] then return refuse('unknown_agent', 'no such channel') end
+  for i = 1, #names do f[i] = f[i] or '' end
+  cfg = table.concat(f, '\t', 1, #names) -- no tabs in values: names are printable
+  new_cfg = cfg
+end
+local routing, sib, cap, mb, mn, pb, pr, sb, sr, mc, mm, dt, dw, deny_list = string.match(cfg,
+  '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t'
+  .. '([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+local siblings, open_routing = sib == '1', routing == 'open'
+local inbox_cap, max_body, max_name = tonumber(cap), tonumber(mb), tonumber(mn)
+local pair_burst, pair_rate = tonumber(pb), tonumber(pr)
+local snd_burst, snd_rate = tonumber(sb), tonumber(sr)
+local max_chain, max_msgs = tonumber(mc), tonumber(mm)
+local dampen_turns, dampen_window = tonumber(dt) or 0, (tonumber(dw) or 0) * 1000
 
 -- text rules: printable (no C0/C1 control characters), at most max_name characters
-local function chars(s) local _, n = string.gsub(s, '[^\128-\191]', ''); return n end
-local function bad_text(s)
-  return string.find(s, '%c') or string.find(s, '\194[\128-\159]')
-end
-
 if paused then return refuse('channel_paused', 'channel is paused') end
 if #body > max_body then return refuse('too_large', 'body is too large (bytes)', max_body, #body) end
-if chars(subject) > max_name then
-  return refuse('too_large', 'subject is too long (characters)', max_name, chars(subject))
+if subject ~= '' then
+  local _, n = string.gsub(subject, '[^\128-\191]', '')
+  if n > max_name then
+    return refuse('too_large', 'subject is too long (characters)', max_name, n)
+  end
+  if string.find(subject, '%c') or string.find(subject, '\194[\128-\159]') then
+    return refuse('invalid_input', 'subject has control characters')
+  end
 end
-if bad_text(subject) then return refuse('invalid_input', 'subject has control characters') end
-if not string.find(mtype, '^[a-z_]+$') or #mtype > 32 then
+if #mtype > 32 or not string.find(mtype, '^[a-z_]+$') then
   return refuse('invalid_input', 'bad message type')
 end
 if mtype == 'outcome' or mtype == 'control' then
@@ -61,11 +87,36 @@ end
 if prio ~= '0' and prio ~= '1' and prio ~= '2' then
   return refuse('invalid_input', 'priority must be 0, 1 or 2')
 end
-if max_msgs > 0 and sent >= max_msgs then
-  return refuse('budget', 'channel message budget spent', max_msgs, sent)
+if max_msgs > 0 then
+  local sent = tonumber(rget('#sent') or '0')
+  if sent >= max_msgs then
+    return refuse('budget', 'channel message budget spent', max_msgs, sent)
+  end
 end
 
-local sender_status = redis.call('HGET', status, sender)
+-- the sender's and the named recipients' status and parent, in one HMGET per hash
+-- (a broadcast reads the whole parents hash below instead)
+local status_of, parent_of = {}, {}
+local names
+do
+  local lookup
+  if mode == 'one' then
+    names = {rcpt_arg}
+    lookup = rcpt_arg == 'parent' and {sender} or {sender, rcpt_arg}
+  else
+    names, lookup = {}, {sender}
+    if mode ~= 'all' then
+      for name in string.gmatch(rcpt_arg, '[^\n]+') do
+        names[#names + 1] = name
+        if name ~= 'parent' then lookup[#lookup + 1] = name end
+      end
+    end
+  end
+  local st = redis.call('HMGET', status, unpack(lookup))
+  local pa = redis.call('HMGET', parents, unpack(lookup))
+  for i = 1, #lookup do status_of[lookup[i]], parent_of[lookup[i]] = st[i], pa[i] end
+end
+local sender_status = status_of[sender]
 if not sender_status then return refuse('unknown_agent', 'sender is not a member') end
 if sender_status == 'failed' or sender_status == 'cancelled' then
   return refuse('agent_closed', 'sender is ' .. sender_status)
@@ -78,9 +129,9 @@ if ikey ~= '' then
   local prev = redis.call('HGET', idem, ifield)
   if prev then
     local tab = string.find(prev, '\t', 1, true)
-    local names = {}
-    for n in string.gmatch(string.sub(prev, tab + 1), '[^\n]+') do names[#names + 1] = n end
-    return {2, string.sub(prev, 1, tab - 1), names}
+    local sent_to = {}
+    for n in string.gmatch(string.sub(prev, tab + 1), '[^\n]+') do sent_to[#sent_to + 1] = n end
+    return {2, string.sub(prev, 1, tab - 1), sent_to}
   end
 end
 
@@ -92,17 +143,19 @@ if reply_to ~= '' then
   end
   local e = redis.call('XRANGE', stream, reply_to, reply_to)
   if e[1] then
-    local f, ptype, pdepth = e[1][2], 'message', 0
+    local f, ptype, pdepth, psender = e[1][2], 'message', 0, ''
     for i = 1, #f, 2 do
-      if f[i] == 'k' then ptype = f[i + 1] elseif f[i] == 'd' then pdepth = tonumber(f[i + 1]) end
+      local k = f[i]
+      if k == 'k' then ptype = f[i + 1]
+      elseif k == 'd' then pdepth = tonumber(f[i + 1])
+      elseif k == 'f' then psender = f[i + 1] end
     end
     depth = pdepth + 1
     if mtype == 'auto_reply' and ptype == 'auto_reply' then
       return refuse('loop', 'an auto_reply never answers an auto_reply', 0, 1)
     end
-    local psender = ''
-    for i = 1, #f, 2 do if f[i] == 'f' then psender = f[i + 1] end end
-    if mtype == 'auto_reply' and string.find(deny, '\n' .. psender .. '\n', 1, true) then
+    if mtype == 'auto_reply'
+      and string.find('\n' .. deny_list .. '\n', '\n' .. psender .. '\n', 1, true) then
       return refuse('loop', 'no automatic answer to ' .. psender .. ' (deny-listed sender)', 0, 1)
     end
   else
@@ -116,22 +169,6 @@ end
 -- Redis clock, milliseconds
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-
--- fields of the rate hash, fetched in one HMGET for all recipients (see prefetch below)
-local cached = {}
-local function rget(field)
-  local v = cached[field]
-  if v == nil then
-    v = redis.call('HGET', rate, field) or false
-    cached[field] = v
-  end
-  return v
-end
-local function prefetch(fields)
-  if #fields == 0 then return end
-  local vals = redis.call('HMGET', rate, unpack(fields))
-  for i, f in ipairs(fields) do cached[f] = vals[i] or false end
-end
 
 -- token bucket: returns ok, tokens_after, retry_ms (nothing written)
 local function bucket(field, burst, per_s)
@@ -149,59 +186,26 @@ local function bucket(field, burst, per_s)
   return true, tokens - 1, 0
 end
 
--- circuit breaker (written by claim.lua / sweep.lua): ms until it closes, or nil
-local function breaker_open(name)
-  local v = rget('b\n' .. name)
-  if not v then return nil end
-  local until_ms = tonumber(string.match(v, ' (%d+)$') or '0')
-  if until_ms > now then return until_ms - now end
-  return nil
-end
-
--- ping-pong dampener: turns of a back-and-forth between sender and `name`, when over limit
-local dampen_updates = {}
-local function pingpong(name)
-  if dampen_turns <= 0 then return nil end
-  local a, b = sender, name
-  if b < a then a, b = b, a end
-  local field = 'd\n' .. a .. '\n' .. b
-  local v = rget(field)
-  local turns = 0
-  if v then
-    local last, n, at = string.match(v, '^(.*) (%d+) (%d+)$')
-    n, at = tonumber(n), tonumber(at)
-    if now - at <= dampen_window then
-      if last == name then turns = n + 1 else turns = n end
-    end
-  end
-  if turns > dampen_turns then return turns end
-  dampen_updates[#dampen_updates + 1] = {field, sender .. ' ' .. turns .. ' ' .. now}
-  return nil
-end
-
--- routing: may the sender reach `name` (whose parent is `np`)?
-local sp = redis.call('HGET', parents, sender) or ''
-local function relation(name, np)
-  if np == sender then return 'child' end
-  if name == sp and sp ~= '' then return 'parent' end
-  if np == sp then return 'sibling' end
-  return 'member'
-end
-local function reachable(rel)
-  if routing == 'open' then return true end
-  if rel == 'child' or rel == 'parent' then return true end
-  return rel == 'sibling' and siblings
+-- routing: may the sender reach `name` (whose parent is `np`)? returns relation, allowed
+local sp = parent_of[sender] or ''
+local function reach(name, np)
+  local rel = 'member'
+  if np == sender then rel = 'child'
+  elseif name == sp and sp ~= '' then rel = 'parent'
+  elseif np == sp then rel = 'sibling' end
+  if open_routing or rel == 'child' or rel == 'parent' then return rel, true end
+  return rel, rel == 'sibling' and siblings
 end
 
 -- recipients, in order; duplicates dropped
-local targets, seen = {}, {}
+local targets = {}
 local refused = {}
 local function refuse_one(name, code, msg, limit, current, retry_ms)
   if mode == 'one' then return refuse(code, msg, limit, current, retry_ms) end
-  for _, x in ipairs({name, code, msg, tostring(limit or ''), tostring(current or ''),
-                      tostring(retry_ms or '')}) do
-    refused[#refused + 1] = x
-  end
+  local n = #refused
+  refused[n + 1], refused[n + 2], refused[n + 3] = name, code, msg
+  refused[n + 4], refused[n + 5] = tostring(limit or ''), tostring(current or '')
+  refused[n + 6] = tostring(retry_ms or '')
   return nil
 end
 
@@ -210,9 +214,10 @@ if mode == 'all' then
   local groups = {parent = {}, sibling = {}, child = {}, member = {}}
   for i = 1, #flat, 2 do
     local name, np = flat[i], flat[i + 1]
+    parent_of[name] = np
     if name ~= sender then
-      local rel = relation(name, np)
-      if reachable(rel) then table.insert(groups[rel], name) end
+      local rel, ok = reach(name, np)
+      if ok then local g = groups[rel]; g[#g + 1] = name end
     end
   end
   for _, rel in ipairs({'parent', 'sibling', 'child', 'member'}) do
@@ -220,7 +225,8 @@ if mode == 'all' then
     for _, name in ipairs(groups[rel]) do targets[#targets + 1] = name end
   end
 else
-  for name in string.gmatch(rcpt_arg, '[^\n]+') do
+  local seen = {}
+  for _, name in ipairs(names) do
     local resolved = name
     if name == 'parent' then
       if sp == '' then
@@ -230,7 +236,7 @@ else
       else
         resolved = sp
       end
-    elseif not redis.call('HGET', parents, name) then
+    elseif not parent_of[name] then
       resolved = redis.call('HGET', ids, name)
       if not resolved then
         local r = refuse_one(name, 'unknown_agent', 'no such agent: ' .. name)
@@ -249,51 +255,93 @@ else
   end
 end
 
-local accepted, pair_updates = {}, {}
+-- the checks per recipient; what an accepted send will write to the rate hash collects in
+-- `writes` (field, value, ...), written only once every check has passed
+local accepted, writes = {}, {}
 if #targets > 0 then
-  local fields = {'s\n' .. sender}
+  local fields = {'s\n' .. sender, '#sent'}
   for _, name in ipairs(targets) do
     fields[#fields + 1] = 'p\n' .. sender .. '\n' .. name
     fields[#fields + 1] = 'b\n' .. name
-  end
-  prefetch(fields)
-  local st = redis.call('HMGET', status, unpack(targets))
-  local depth_now = redis.call('HMGET', inbox, unpack(targets))
-  local tp = redis.call('HMGET', parents, unpack(targets))
-  for i, name in ipairs(targets) do
-    local rel = relation(name, tp[i] or '')
-    local s = st[i]
-    if not reachable(rel) then
-      local r = refuse_one(name, 'routing_refused',
-        name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')')
-      if r then return r end
-    elseif s == 'failed' or s == 'cancelled' or s == 'lost' then
-      local r = refuse_one(name, 'recipient_closed', name .. ' is ' .. s)
-      if r then return r end
-    elseif tonumber(depth_now[i] or '0') >= inbox_cap then
-      local r = refuse_one(name, 'inbox_full', name .. "'s inbox is full",
-        inbox_cap, tonumber(depth_now[i] or '0'))
-      if r then return r end
-    elseif breaker_open(name) then
-      local r = refuse_one(name, 'circuit_open', name .. ' keeps failing: deliveries paused',
-        0, 0, breaker_open(name))
-      if r then return r end
-    elseif mode ~= 'all' and pingpong(name) then
-      local r = refuse_one(name, 'loop', 'ping-pong between ' .. sender .. ' and ' .. name
-        .. ' dampened', dampen_turns, pingpong(name), dampen_window)
-      if r then return r end
-    else
-      local field = 'p\n' .. sender .. '\n' .. name
-      local ok, tokens, retry = bucket(field, pair_burst, pair_rate)
-      if not ok then
-        local r = refuse_one(name, 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name,
-          pair_burst, tokens, retry)
-        if r then return r end
+    if dampen_turns > 0 and mode ~= 'all' then
+      if name < sender then
+        fields[#fields + 1] = 'd\n' .. name .. '\n' .. sender
       else
-        accepted[#accepted + 1] = name
-        if tokens then pair_updates[#pair_updates + 1] = {field, tokens} end
+        fields[#fields + 1] = 'd\n' .. sender .. '\n' .. name
       end
     end
+  end
+  local vals = redis.call('HMGET', rate, unpack(fields))
+  for i = 1, #fields do cached[fields[i]] = vals[i] or false end
+  -- status and parent of targets not read above: a broadcast's, an id's, "parent"'s
+  local unknown = nil
+  for _, name in ipairs(targets) do
+    if status_of[name] == nil then
+      unknown = unknown or {}
+      unknown[#unknown + 1] = name
+    end
+  end
+  if unknown then
+    local st = redis.call('HMGET', status, unpack(unknown))
+    for i = 1, #unknown do status_of[unknown[i]] = st[i] end
+    if mode ~= 'all' then -- a broadcast knows every parent from HGETALL
+      local pa = redis.call('HMGET', parents, unpack(unknown))
+      for i = 1, #unknown do parent_of[unknown[i]] = pa[i] end
+    end
+  end
+  local depth_now = redis.call('HMGET', inbox, unpack(targets))
+  for i, name in ipairs(targets) do
+    local rel, ok = reach(name, parent_of[name] or '')
+    local s = status_of[name]
+    local queued = tonumber(depth_now[i] or '0')
+    local r = nil
+    -- circuit breaker (written by claim.lua / sweep.lua): "failures first until_ms"
+    local brk = rget('b\n' .. name)
+    local brk_ms = brk and (tonumber(string.match(brk, ' (%d+)$') or '0') - now) or 0
+    -- ping-pong dampener: "last_sender turns at_ms" per unordered pair
+    local dfield, turns = nil, 0
+    if dampen_turns > 0 and mode ~= 'all' then
+      if name < sender then dfield = 'd\n' .. name .. '\n' .. sender
+      else dfield = 'd\n' .. sender .. '\n' .. name end
+      local v = rget(dfield)
+      if v then
+        local last, n, at = string.match(v, '^(.*) (%d+) (%d+)$')
+        if now - tonumber(at) <= dampen_window then
+          turns = tonumber(n)
+          if last == name then turns = turns + 1 end
+        end
+      end
+    end
+    if not ok then
+      r = refuse_one(name, 'routing_refused',
+        name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')')
+    elseif s == 'failed' or s == 'cancelled' or s == 'lost' then
+      r = refuse_one(name, 'recipient_closed', name .. ' is ' .. s)
+    elseif queued >= inbox_cap then
+      r = refuse_one(name, 'inbox_full', name .. "'s inbox is full", inbox_cap, queued)
+    elseif brk_ms > 0 then
+      r = refuse_one(name, 'circuit_open', name .. ' keeps failing: deliveries paused',
+        0, 0, brk_ms)
+    elseif turns > dampen_turns then
+      r = refuse_one(name, 'loop', 'ping-pong between ' .. sender .. ' and ' .. name
+        .. ' dampened', dampen_turns, turns, dampen_window)
+    else
+      local field = 'p\n' .. sender .. '\n' .. name
+      local pass, tokens, retry = bucket(field, pair_burst, pair_rate)
+      if not pass then
+        r = refuse_one(name, 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name,
+          pair_burst, tokens, retry)
+      else
+        accepted[#accepted + 1] = name
+        local n = #writes
+        if tokens then
+          writes[n + 1], writes[n + 2] = field, tokens .. ' ' .. now
+          n = n + 2
+        end
+        if dfield then writes[n + 1], writes[n + 2] = dfield, sender .. ' ' .. turns .. ' ' .. now end
+      end
+    end
+    if r then return r end
   end
 end
 
@@ -308,33 +356,26 @@ if not s_ok then
 end
 
 -- every check passed: write
-local buckets = {}
-if s_tokens then buckets = {'s\n' .. sender, s_tokens .. ' ' .. now} end
-for _, u in ipairs(pair_updates) do
-  buckets[#buckets + 1] = u[1]
-  buckets[#buckets + 1] = u[2] .. ' ' .. now
-end
-for _, u in ipairs(dampen_updates) do
-  buckets[#buckets + 1] = u[1]
-  buckets[#buckets + 1] = u[2]
-end
-if #buckets > 0 then redis.call('HSET', rate, unpack(buckets)) end
+local n = #writes
+writes[n + 1], writes[n + 2] = '#sent', tonumber(rget('#sent') or '0') + 1
+if s_tokens then writes[n + 3], writes[n + 4] = 's\n' .. sender, s_tokens .. ' ' .. now end
+redis.call('HSET', rate, unpack(writes))
+if new_cfg then redis.call('HSET', meta, 'cfg', new_cfg) end
 for _, name in ipairs(accepted) do redis.call('HINCRBY', inbox, name, 1) end
-local to = table.concat(accepted, '\n')
-local fields = {'f', sender, 't', to, 'b', body}
-local function opt(k, v, default) if v ~= default then fields[#fields + 1] = k; fields[#fields + 1] = v end end
-opt('s', subject, '')
-opt('k', mtype, 'message')
-opt('p', prio, '0')
-opt('r', reply_to, '')
-if depth > 0 then opt('d', tostring(depth), '') end
-opt('x', ttl, '')
-opt('i', ikey, '')
-opt('c', trace, '')
-opt('g', sig, '')
-opt('n', sig_ts, '')
-if mode == 'all' then opt('a', '1', '') end
-local id = redis.call('XADD', stream, '*', unpack(fields))
-redis.call('HINCRBY', meta, 'sent', 1)
+local to = #accepted == 1 and accepted[1] or table.concat(accepted, '\n')
+local f = {'f', sender, 't', to, 'b', body}
+n = 6
+if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
+if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
+if prio ~= '0' then f[n + 1], f[n + 2], n = 'p', prio, n + 2 end
+if reply_to ~= '' then f[n + 1], f[n + 2], n = 'r', reply_to, n + 2 end
+if depth > 0 then f[n + 1], f[n + 2], n = 'd', tostring(depth), n + 2 end
+if ttl ~= '' then f[n + 1], f[n + 2], n = 'x', ttl, n + 2 end
+if ikey ~= '' then f[n + 1], f[n + 2], n = 'i', ikey, n + 2 end
+if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
+if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
+if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
+if mode == 'all' then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
+local id = redis.call('XADD', stream, '*', unpack(f))
 if ifield then redis.call('HSET', idem, ifield, id .. '\t' .. to) end
 return {1, id, accepted, refused}
