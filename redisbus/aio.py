@@ -22,7 +22,7 @@ from ._agent import AgentState
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
 from ._keys import ChannelKeys, registry_key
 from ._model import DeadLetter, Member, Message, Receipt, Roster, WaitResult, id_ms
-from ._redis import async_client, backoff_s, classify
+from ._redis import AsyncLane, async_client, backoff_s, classify
 from ._scripts import source
 from ._settings import BusSettings
 from ._signing import Signer
@@ -42,6 +42,7 @@ class _IO:
         self.settings = settings
         self.cluster = cluster
         self.sha: dict[str, str] = {}
+        self.lane = AsyncLane(client) if not cluster and AsyncLane.usable(client) else None
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
@@ -118,11 +119,15 @@ class _IO:
                 except RedisbusError as e:
                     out.append(e)
             return out
-        pipe = self.r.pipeline(transaction=False)
-        for n, k, a in calls:
-            pipe.evalsha(await self.load(n), len(k), *k, *a)
+        commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
         try:
-            raw = await pipe.execute(raise_on_error=False)
+            if self.lane is not None:
+                raw = await self.lane.run_many(commands)
+            else:
+                pipe = self.r.pipeline(transaction=False)
+                for c in commands:
+                    pipe.execute_command(*c)
+                raw = await pipe.execute(raise_on_error=False)
         except (rx.RedisError, rx.RedisClusterException, OSError) as e:
             raise classify(e)[1] from e
         out = []
@@ -437,6 +442,8 @@ class AsyncBus:
         self._closed = True
         self._heart.cancel()
         try:
+            if self._io.lane is not None:
+                await self._io.lane.close()
             await self._io.r.aclose()
         finally:
             if self._owned is not None:

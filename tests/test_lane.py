@@ -3,6 +3,7 @@ exactly like the pool it bypasses when connections die, threads compete, or proc
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from redisbus import Bus
+from redisbus import AsyncBus, Bus
 from redisbus.testing import memory_bus
 from tests.servers import Server
 
@@ -117,3 +118,83 @@ def test_tls_and_test_doubles_have_no_lane() -> None:
         a, b = ch.join("a"), ch.join("b")
         a.send("b", "through the pool")
         assert [m.body for m in b.read()] == ["through the pool"]
+
+
+# -- the async face -----------------------------------------------------------------------------
+
+
+async def test_async_sends_share_one_held_connection(redis7: Server) -> None:
+    # given: an AsyncBus; when: many sequential and concurrent sends go out
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-held", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        senders = [await ch.join(f"s{i}") for i in range(20)]
+        await a.send("b", "warm up")
+        r = redis.Redis(port=redis7.port)
+        before = r.info("stats")["total_connections_received"]
+        for i in range(100):
+            await a.send("b", f"seq{i}")
+        await asyncio.gather(*(s.send("b", f"{s.name}") for s in senders))
+        # then: no new connection was needed, and every message arrived once
+        assert r.info("stats")["total_connections_received"] == before
+        got = [m.body for m in await b.read(limit=500)]
+        assert sorted(got) == sorted(
+            ["warm up"] + [f"seq{i}" for i in range(100)] + [f"s{i}" for i in range(20)]
+        )
+
+
+async def test_async_killed_connection_is_replaced_before_the_next_batch(redis7: Server) -> None:
+    # given: an AsyncBus whose lane connection the server has closed
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-killed", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "first")
+        killer = redis.Redis(port=redis7.port)
+        for _ in range(3):
+            killer.client_kill_filter(_type="normal", skipme=True)
+            await asyncio.sleep(0.05)  # the loop sees the EOF, as it would between sends
+            # when: the next send (not retried: no idempotency key) goes out
+            await a.send("b", "after the kill")
+        # then: nothing failed and nothing was lost
+        assert [m.body for m in await b.read(limit=10)] == ["first"] + ["after the kill"] * 3
+
+
+async def test_async_cancelled_send_leaves_the_lane_in_step(redis7: Server) -> None:
+    # given: a send in flight while the server is paused
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-cancel", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "first")
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", "300", "ALL")
+        task = asyncio.ensure_future(a.send("b", "cancelled mid-flight"))
+        await asyncio.sleep(0.1)
+        # when: the sender gives up on it
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # then: the batch still reads its own reply, and the next send gets its own
+        r = await a.send("b", "after")
+        assert r.status == "queued"
+        bodies = [m.body for m in await b.read(limit=10)]
+        assert bodies == ["first", "cancelled mid-flight", "after"]
+        assert [m.id for m in await b.read(filter_by="all", limit=10)][-1] == r.id
+
+
+async def test_async_lane_cancelled_mid_batch_drops_its_connection(redis7: Server) -> None:
+    # given: the lane itself waiting for replies while the server is paused
+    async with AsyncBus.from_url(redis7.url) as bus:
+        lane = bus._io.lane
+        assert lane is not None
+        assert await lane.run_many([("SET", "alane-k", "1")]) == ["OK"]
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", "300", "ALL")
+        task = asyncio.ensure_future(lane.run_many([("INCR", "alane-k")]))
+        await asyncio.sleep(0.1)
+        # when: the batch is cancelled before its reply came
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # then: the connection is gone (its late reply would answer the next batch), and
+        # the next batch reads its own replies (the INCR ran, or died with its connection)
+        assert lane.conn is None
+        got, pong = await lane.run_many([("GET", "alane-k"), ("PING",)])
+        assert got in ("1", "2") and pong == "PONG"
