@@ -325,6 +325,38 @@ def plan_send(
     )
 
 
+#: Messages per send.lua call in send_many: one call checks and appends them all, sharing the
+#: reads; bounded so that one call holds the server for a millisecond or two at most.
+SEND_BATCH = 100
+
+
+def batch_calls(
+    keys: Sequence[str], plans: Sequence[SendPlan]
+) -> list[tuple[str, Sequence[str], list[str]]]:
+    """send.lua calls for ``plans``, up to SEND_BATCH messages each (argv concatenated)."""
+    calls: list[tuple[str, Sequence[str], list[str]]] = []
+    for i in range(0, len(plans), SEND_BATCH):
+        argv: list[str] = []
+        for p in plans[i : i + SEND_BATCH]:
+            argv += p.argv
+        calls.append(("send", keys, argv))
+    return calls
+
+
+def unbatch(plans: Sequence[SendPlan], replies: Sequence[Any]) -> list[Any]:
+    """One reply (or the call's error) per plan, from the replies of ``batch_calls``."""
+    out: list[Any] = []
+    for i, reply in zip(range(0, len(plans), SEND_BATCH), replies, strict=True):
+        n = len(plans[i : i + SEND_BATCH])
+        if isinstance(reply, Exception):
+            out += [reply] * n
+        elif n == 1:
+            out.append(reply)
+        else:
+            out += list(reply)
+    return out
+
+
 def parse_send(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt]:
     """Raise for a refused send; otherwise the receipt (one recipient) or receipts."""
     kind = int(reply[0])

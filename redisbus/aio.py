@@ -245,13 +245,19 @@ class _Coalescer:
         await asyncio.sleep(0)  # let the other ready tasks queue their sends first
         while self.queue:
             batch, self.queue = self.queue, []
+            calls, sizes = self._merged(batch)
             try:
-                replies = await self.io.scripts_raw([(n, k, a) for n, k, a, _ in batch])
+                merged = await self.io.scripts_raw(calls)
             except Exception as e:  # the whole pipeline failed: every send in it did
                 for *_, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
+            replies: list[Any] = []
+            for n, reply in zip(sizes, merged, strict=True):  # a merged call: a list of replies
+                replies += (
+                    [reply] if n == 1 else [reply] * n if isinstance(reply, Exception) else reply
+                )
             for (*_, fut), reply in zip(batch, replies, strict=True):
                 if fut.done():
                     continue
@@ -259,6 +265,30 @@ class _Coalescer:
                     fut.set_exception(reply)
                 else:
                     fut.set_result(reply)
+
+    @staticmethod
+    def _merged(
+        batch: list[tuple[str, Sequence[str], Sequence[Any], asyncio.Future[Any]]],
+    ) -> tuple[list[tuple[str, Sequence[str], list[Any]]], list[int]]:
+        """Runs of sends to the same channel become one send.lua call of up to SEND_BATCH
+        messages (checked in order, as separate calls would be); anything else goes alone.
+        Returns the calls and how many queued calls each one carries."""
+        calls: list[tuple[str, Sequence[str], list[Any]]] = []
+        sizes: list[int] = []
+        for name, keys, args, _ in batch:
+            if (
+                name == "send"
+                and calls
+                and calls[-1][0] == "send"
+                and calls[-1][1] == keys
+                and sizes[-1] < core.SEND_BATCH
+            ):
+                calls[-1][2].extend(args)
+                sizes[-1] += 1
+            else:
+                calls.append((name, keys, list(args)))
+                sizes.append(1)
+        return calls, sizes
 
 
 class _Heart:
@@ -686,8 +716,9 @@ class AsyncAgent(AgentState):
             plans.append((plan, kw.get("type", "message")))
         if not plans:
             return []
-        replies = await self._bus._io.scripts_raw(
-            [("send", self._send_keys, p.argv) for p, _ in plans]
+        sent = [p for p, _ in plans]
+        replies = core.unbatch(
+            sent, await self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
         )
         out: builtins.list[Any] = []
         for (plan, type_), reply in zip(plans, replies, strict=True):

@@ -661,7 +661,10 @@ class Agent(AgentState):
             plans.append((plan, kw.get("type", "message")))
         if not plans:
             return []
-        replies = self._bus._io.scripts_raw([("send", self._send_keys, p.argv) for p, _ in plans])
+        sent = [p for p, _ in plans]
+        replies = core.unbatch(
+            sent, self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
+        )
         out: builtins.list[Any] = []
         for (plan, type_), reply in zip(plans, replies, strict=True):
             if isinstance(reply, RedisbusError):

@@ -1,0 +1,150 @@
+"""send.lua checks and appends several messages in one call (send_many, and the async face's
+coalesced sends). Whatever the batch, the outcome must be exactly that of the same sends made
+one by one: the same acceptances and refusals, the same stream, the same counters."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from redisbus import AsyncBus, Bus, InboxFull, RedisbusError
+from redisbus.testing import memory_bus
+from tests.helpers import stream_inbox_counts
+from tests.servers import Server
+
+#: Small limits, so that a batch runs into every one of them; refills too slow to matter.
+TIGHT = {
+    "routing": "family",
+    "inbox_cap": 4,
+    "pair_rate_burst": 3,
+    "pair_rate_per_s": 0.001,
+    "sender_rate_burst": 7,
+    "sender_rate_per_s": 0.001,
+    "max_messages": 12,
+}
+
+TARGETS = st.sampled_from(["kid", "sib", "parent", "all", "nobody", "mid", ("kid", "sib")])
+ITEM = st.fixed_dictionaries(
+    {
+        "to": TARGETS,
+        "body": st.sampled_from(["hi", "x" * 40, ""]),
+        "idempotency_key": st.sampled_from([None, None, "k1", "k2"]),
+        "type": st.sampled_from(["message", "request", "auto_reply"]),
+        "subject": st.sampled_from(["", "status", "né à Paris"]),
+    }
+)
+_names = itertools.count()
+
+
+def _family(bus: Bus, name: str) -> Any:
+    """boss -> mid -> kid; sib is mid's sibling under boss. Returns ``mid``."""
+    ch = bus.channel(name, **TIGHT, siblings=True)
+    boss = ch.join("boss")
+    me = ch.join("mid", parent=boss.name)
+    ch.join("sib", parent=boss.name)
+    ch.join("kid", parent=me.name)
+    return me
+
+
+def _outcome(result: Any) -> list[tuple[str, str, str]]:
+    receipts = result if isinstance(result, list) else [result]
+    return [(r.to, r.status, r.error.code if r.error else "") for r in receipts]
+
+
+def _normalize(to: Any) -> Any:
+    return list(to) if isinstance(to, tuple) else to
+
+
+def _state(r: redis.Redis, ch: Any) -> tuple[Any, ...]:
+    k = ch.keys
+    bodies = [(f.get("f"), f.get("t"), f.get("b"), f.get("i")) for _, f in r.xrange(k.stream)]
+    sent = r.hget(k.rate, "#sent")
+    return bodies, r.hgetall(k.inbox), sent, stream_inbox_counts(r, ch)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(items=st.lists(ITEM, min_size=1, max_size=25))
+def test_send_many_equals_the_same_sends_one_by_one(redis7: Server, items: list[dict]) -> None:
+    r = redis.Redis(port=redis7.port, decode_responses=True)
+    with Bus.from_url(redis7.url) as bus:
+        # given: two identical families
+        n = next(_names)
+        batch_me, single_me = _family(bus, f"batch-{n}"), _family(bus, f"single-{n}")
+        sends = [dict(i, to=_normalize(i["to"])) for i in items]
+        # when: one sends the items as one batch, the other one by one
+        batched = [_outcome(x) for x in batch_me.send_many(sends)]
+        single: list[Any] = []
+        for item in sends:
+            try:
+                single.append(_outcome(single_me.send(**item)))
+            except RedisbusError as e:  # what a batch reports as rejected receipts
+                single.append(e.code)
+        # then: the same outcome per item, and the same stream and counters
+        for b, s in zip(batched, single, strict=True):
+            if isinstance(s, str):  # the whole send was refused: every receipt says why
+                assert b and all(x[1:] == ("rejected", s) for x in b), (sends, batched, single)
+            else:
+                assert b == s, (sends, batched, single)
+        assert _state(r, batch_me.channel) == _state(r, single_me.channel)
+
+
+def test_a_batch_larger_than_one_call_keeps_order_and_limits(redis7: Server) -> None:
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel(
+            "batch-large", routing="open", inbox_cap=250, pair_rate_burst=0, sender_rate_burst=0
+        )
+        a, b = ch.join("a"), ch.join("b")
+        r = redis.Redis(port=redis7.port)
+        r.config_resetstat()
+        # when: 300 messages go out in one send_many
+        out = a.send_many([("b", f"m{i}") for i in range(300)])
+        assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 3  # 100 per script call
+        # then: the first 250 fill the inbox, in order; the rest are refused as full
+        assert [r.status for r in out[:250]] == ["queued"] * 250
+        assert {type(r.error) for r in out[250:]} == {InboxFull}
+        assert [m.body for m in b.read(limit=300)] == [f"m{i}" for i in range(250)]
+        assert ch.counts()["b"] == 250
+
+
+async def test_concurrent_async_sends_are_merged_and_keep_every_limit(redis7: Server) -> None:
+    async with AsyncBus.from_url(redis7.url) as bus:
+        # given: 40 agents and one recipient that takes 25
+        ch = await bus.channel(
+            "batch-async", routing="open", inbox_cap=25, pair_rate_burst=0, sender_rate_burst=0
+        )
+        b = await ch.join("b")
+        senders = [await ch.join(f"s{i}") for i in range(40)]
+        r = redis.Redis(port=redis7.port)
+        r.config_resetstat()
+        # when: all send at once
+        results = await asyncio.gather(
+            *(s.send("b", s.name) for s in senders), return_exceptions=True
+        )
+        calls = r.info("commandstats")["cmdstat_evalsha"]["calls"]
+        # then: they went out in far fewer script calls than sends, and the cap held exactly
+        assert calls < 10, calls
+        ok = [x for x in results if not isinstance(x, BaseException)]
+        refused = [x for x in results if isinstance(x, BaseException)]
+        assert len(ok) == 25 and all(isinstance(x, InboxFull) for x in refused)
+        assert [x.to for x in ok] == ["b"] * 25
+        got = sorted(m.body for m in await b.read(limit=100))
+        assert got == sorted(f"s{i}" for i in range(25))  # the first 25, in gather order
+        assert (await ch.counts())["b"] == 25
+
+
+def test_the_test_double_runs_batches_too() -> None:
+    with memory_bus() as bus:
+        ch = bus.channel(
+            "batch-memory", routing="open", inbox_cap=120, pair_rate_burst=0, sender_rate_burst=0
+        )
+        a, b = ch.join("a"), ch.join("b")
+        out = a.send_many([("b", f"m{i}") for i in range(150)])
+        assert [r.status for r in out].count("queued") == 120
+        assert len(b.read(limit=200)) == 120
