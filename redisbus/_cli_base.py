@@ -19,9 +19,10 @@ from .bus import Agent, Bus, Channel
 __all__ = ["Exit", "app", "attach", "connect", "existing_channel", "write_json"]
 
 CONNECT_HELP = (
-    "Redis URL (redis://, rediss://, redis+sentinel://). Required by every command except "
-    "`demo` and `redis`: a private server per command would lose the board when it exits, so "
-    "start one with `redisbus redis` and export the URL it prints."
+    "Redis URL (redis://, rediss://, redis+sentinel://). Unset: a private Redis. With "
+    "REDISBUS_DATA_DIR it keeps the board in that directory (AOF) and is shared with "
+    "whatever already serves it (`redisbus redis --data DIR`); without, it is temporary and "
+    "lasts this one command."
 )
 
 app = typer.Typer(
@@ -29,7 +30,9 @@ app = typer.Typer(
     help=(
         "A message bus on Redis Streams for fleets of AI agents.\n\n"
         "Start with `redisbus demo`. To talk on a bus: `redisbus redis` in one shell, then "
-        "`export REDISBUS_URL=...` and `redisbus send/read/tail ...` in others.\n\n"
+        "`export REDISBUS_URL=...` and `redisbus send/read/tail ...` in others (or set "
+        "REDISBUS_DATA_DIR to one directory everywhere: the commands share the private Redis "
+        "that keeps the board there).\n\n"
         "Exit status: 0 ok, 1 refused or failed, 2 bad input, 3 no Redis."
     ),
     no_args_is_help=True,
@@ -119,13 +122,16 @@ def settings_for(url: str | None, prefix: str | None = None, cluster: bool = Fal
 @contextmanager
 def connect(url: str | None, prefix: str | None = None, cluster: bool = False) -> Iterator[Bus]:
     s = settings_for(url, prefix, cluster)
-    if not s.url:
-        raise Exit(
-            "no Redis configured: set REDISBUS_URL (or --url), or start one with "
-            "`redisbus redis` and export the URL it prints",
-            3,
-        )
-    bus = Bus.from_url(s.url, settings=s)
+    if s.url:
+        bus = Bus.from_url(s.url, settings=s)
+    else:  # SPEC: no URL, a private Redis (the board's, when REDISBUS_DATA_DIR names one)
+        data = s.data_dir
+        if data is None:
+            err.print(
+                "no REDISBUS_URL: using a private Redis for this command only (its data go "
+                "with it); set REDISBUS_URL, or REDISBUS_DATA_DIR to keep a board"
+            )
+        bus = Bus.embedded(data, settings=s)
     try:
         yield bus
     finally:

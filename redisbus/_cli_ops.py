@@ -287,9 +287,15 @@ def redis_server(
     ] = None,
 ) -> None:
     """Run a private Redis in the foreground until Ctrl-C; prints the URL to export."""
-    from .embedded import EmbeddedRedis
+    from .embedded import EmbeddedRedis, shared
 
-    server = EmbeddedRedis.start(data, port=port)
+    if data:
+        url, owned = shared(data, port=port)
+        if owned is None:
+            raise Exit(f"a server already keeps {data}: REDISBUS_URL={url}", 1)
+        server = owned
+    else:
+        server = EmbeddedRedis.start(port=port)
     stop = _on_signals()
     try:
         where = server.directory if data else "temporary, removed on exit"

@@ -26,6 +26,11 @@ class BusSettings(BaseSettings):
         description="redis://, rediss://, redis+sentinel://h:p[,h:p]/SERVICE[/db]; "
         "unset = embedded",
     )
+    data_dir: str | None = Field(
+        default=None,
+        description="with no url: the private Redis keeps its data here (AOF on), shared by "
+        "every process that names the same directory; unset = temporary",
+    )
     cluster: bool = Field(default=False, description="treat url as one node of a Redis Cluster")
     prefix: str = Field(default="rb", description="key prefix shared by every key of the bus")
     socket_timeout_s: float = 10.0

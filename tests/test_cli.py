@@ -438,13 +438,77 @@ def test_refused_broadcast_reports_per_recipient_and_fails(cli: Run, redis_url: 
     assert "refused for 1 of 2" in one_line_failure(p, 1)
 
 
-def test_without_a_url_commands_say_how_to_get_one(tmp_path: Path) -> None:
-    p = subprocess.run(
-        [BIN, "stats"], capture_output=True, text=True, timeout=30, env=clean_env(None)
-    )
+def test_without_a_url_a_command_runs_on_a_private_redis(tmp_path: Path) -> None:
+    # given: no REDISBUS_URL and no data directory
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [BIN, *args], capture_output=True, text=True, timeout=60, env=clean_env(None)
+        )
 
-    line = one_line_failure(p, 3)
-    assert "REDISBUS_URL" in line and "redisbus redis" in line
+    # when: commands run one after the other
+    joined = run("join", CH, "--as", "director")
+    stats = run("stats", "--json")
+
+    # then: each ran on a private Redis of its own, and said so on stderr
+    assert joined.returncode == 0, joined.stderr
+    assert "private Redis for this command only" in joined.stderr
+    assert "REDISBUS_URL" in joined.stderr and "REDISBUS_DATA_DIR" in joined.stderr
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout) == []  # no channels: the first command's data went with it
+
+
+def test_a_data_dir_keeps_the_board_between_commands(tmp_path: Path) -> None:
+    board = tmp_path / "board"
+    env = clean_env(None, REDISBUS_DATA_DIR=str(board))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    # given: a board kept in a directory, by commands that each start and stop its server
+    for who in ("director", "designer"):
+        assert run("join", CH, "--as", who).returncode == 0
+    assert run("send", CH, "designer", "keep me", "--as", "director").returncode == 0
+
+    # when: a later command reads it
+    got = run("read", CH, "--as", "designer", "--json")
+
+    # then: the message was kept (AOF in the directory); no server was left running
+    assert got.returncode == 0, got.stderr
+    assert [m["body"] for m in json.loads(got.stdout)] == ["keep me"]
+    assert not (board / "redisbus-server.json").exists()
+
+
+def test_commands_share_the_server_that_keeps_a_board(tmp_path: Path) -> None:
+    # given: `redisbus redis --data DIR` serving a board
+    board = tmp_path / "board"
+    proc = subprocess.Popen(
+        [BIN, "redis", "--data", str(board)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=clean_env(None),
+    )
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip().removeprefix("REDISBUS_URL=")
+        env = clean_env(None, REDISBUS_DATA_DIR=str(board))
+
+        # when: commands with only REDISBUS_DATA_DIR run, and a second server is asked for
+        p = subprocess.run(
+            [BIN, "join", CH, "--as", "director"], capture_output=True, text=True, env=env
+        )
+        second = subprocess.run(
+            [BIN, "redis", "--data", str(board)], capture_output=True, text=True, env=env
+        )
+
+        # then: the command used the running server, and no second server was started on
+        # the same append-only file
+        assert p.returncode == 0, p.stderr
+        assert Bus.from_url(url).channels() == [CH]
+        assert second.returncode == 1 and url in second.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(15)
 
 
 def test_unreachable_redis_is_one_line() -> None:

@@ -70,3 +70,35 @@ def test_embedded_bus_cleans_up_its_temporary_server() -> None:
     bus.close()
     assert server.process.poll() is not None
     assert not Path(server.directory).exists()
+
+
+def test_buses_on_one_data_dir_share_one_server(tmp_path: Path) -> None:
+    board = tmp_path / "board"
+    # given: a bus whose private server keeps a board
+    first = Bus.embedded(str(board))
+    try:
+        # when: a second bus asks for the same board
+        second = Bus.embedded(str(board))
+        # then: it talks to the same server instead of starting one on the same AOF
+        assert second.url == first.url and second._owned is None
+        ch = first.channel("board")
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "seen by both")
+        assert [m.body for m in second.channel("board").join("b").list(filter_by="all")] == [
+            "seen by both"
+        ]
+        second.close()  # not its server: it stays up for the first
+        assert first.ping()
+        assert len(b.read()) == 1
+    finally:
+        first.close()
+    # and once the owner has closed, the board is free for a new server, data kept
+    assert not (board / "redisbus-server.json").exists()
+    third = Bus.embedded(str(board))
+    try:
+        assert third._owned is not None
+        assert [m.body for m in third.channel("board").join("b").list(filter_by="all")] == [
+            "seen by both"
+        ]
+    finally:
+        third.close()

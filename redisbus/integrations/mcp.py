@@ -430,10 +430,11 @@ async def serve_async(
 ) -> None:
     """Join ``channel`` as ``as_name`` and serve the tools until the client goes away."""
     settings = BusSettings()
-    if not (url or settings.url):
+    if not (url or settings.url or settings.data_dir):
         print(
             "redisbus mcp: no REDISBUS_URL, so this agent lives on a private embedded Redis "
-            "that no other process can reach",
+            "that no other process can reach (REDISBUS_DATA_DIR=DIR shares one between "
+            "processes)",
             file=sys.stderr,
         )
     bus = AsyncBus.from_url(url, settings=settings) if url else AsyncBus.from_settings(settings)
