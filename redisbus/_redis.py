@@ -286,6 +286,31 @@ class Lane:
         finally:
             self.lock.release()
 
+    def run_many(self, commands: list[tuple[Any, ...]]) -> Any:
+        """Send ``commands`` in one write and return their replies in order (an error reply
+        sits in its slot), or ``BUSY``. Connection trouble drops the connection and raises."""
+        if not self.lock.acquire(blocking=False):
+            return self.BUSY
+        try:
+            if self.pid != os.getpid():
+                self.conn = self.sock = self.poller = None
+                self.pid = os.getpid()
+            conn = self.conn if self.conn is not None and self._clean() else self._open()
+            try:
+                conn.send_packed_command(conn.pack_commands(commands))
+                out: list[Any] = []
+                for _ in commands:
+                    try:
+                        out.append(conn.read_response())
+                    except rx.ResponseError as e:
+                        out.append(e)
+                return out
+            except BaseException:
+                self._drop()
+                raise
+        finally:
+            self.lock.release()
+
     def _clean(self) -> bool:
         if self.conn._sock is not self.sock:  # reconnected underneath (health check)
             self._watch()

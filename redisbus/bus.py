@@ -43,6 +43,9 @@ class _IO:
         self.cluster = cluster
         self.sha: dict[str, str] = {}
         self.lane = Lane(client) if not cluster and Lane.usable(client) else None
+        # a second one for wait()'s blocking fetches, so a waiting thread never keeps the
+        # scripts' lane from the others
+        self.fetch_lane = Lane(client) if self.lane is not None else None
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
@@ -90,8 +93,9 @@ class _IO:
         return self.r.evalsha(sha, len(keys), *keys, *args)
 
     def close(self) -> None:
-        if self.lane is not None:
-            self.lane.close()
+        for lane in (self.lane, self.fetch_lane):
+            if lane is not None:
+                lane.close()
         self.r.close()
 
     def scripts(
@@ -201,6 +205,12 @@ class _IO:
                     def run(
                         settle_sha: str = settle_sha,
                     ) -> Any:  # execute() spends a pipeline: one per try
+                        if self.fetch_lane is not None:
+                            out = self._fetch_on_lane(
+                                keys, group, consumer, cursor, block_ms, settle, settle_sha
+                            )
+                            if out is not None:
+                                return out
                         pipe = self.r.pipeline(transaction=False)
                         if settle:
                             pipe.evalsha(settle_sha, 4, *settle_keys, group, *settle)
@@ -218,12 +228,49 @@ class _IO:
                     raise
         else:
             raise RedisbusError("could not load scripts")
-        if isinstance(now, list | tuple):
-            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        else:
-            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         entries = res[0][1] if res else []
         return entries, now_ms
+
+    def _fetch_on_lane(
+        self,
+        keys: ChannelKeys,
+        group: str,
+        consumer: str,
+        cursor: str,
+        block_ms: int | None,
+        settle: builtins.list[str] | None,
+        settle_sha: str,
+    ) -> Any:
+        """fetch()'s pipeline on the fetch lane, replies shaped as redis-py's pipeline would
+        give them; None when another thread holds the lane."""
+        commands: builtins.list[tuple[Any, ...]] = []
+        if settle:
+            settle_keys = (keys.stream, keys.inbox, keys.marks, keys.status)
+            commands.append(("EVALSHA", settle_sha, 4, *settle_keys, group, *settle))
+        read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+        if block_ms is not None:
+            read += ("BLOCK", block_ms)
+        commands += [(*read, "STREAMS", keys.stream, cursor), ("TIME",)]
+        assert self.fetch_lane is not None
+        out = self.fetch_lane.run_many(commands)
+        if out is Lane.BUSY:
+            return None
+        for reply in out:
+            if isinstance(reply, rx.ResponseError):
+                raise reply
+        streams = out[-2]
+        if isinstance(streams, dict):  # RESP3: {stream: entries}
+            streams = list(streams.items())
+        if streams:  # [[stream, [[id, [field, value, ...] | nil], ...]]]
+            streams = [
+                [
+                    name,
+                    [(i, dict(zip(f[::2], f[1::2], strict=True)) if f else None) for i, f in got],
+                ]
+                for name, got in streams
+            ]
+        return [*out[:-2], streams, out[-1]]
 
 
 class _Heart:

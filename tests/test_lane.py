@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -84,6 +85,31 @@ def test_threads_share_the_lane_and_the_pool(redis7: Server) -> None:
         assert not errors, errors[:3]
         got = [m.body for m in b.read(limit=2000)]
         assert sorted(got) == sorted(f"s{i}-{j}" for i in range(8) for j in range(150))
+
+
+def test_wait_has_a_lane_of_its_own_and_survives_a_kill(redis7: Server) -> None:
+    # given: an agent waiting in another thread on the same Bus
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-wait", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "warm up")
+        assert [m.body for m in b.wait(timeout=1).messages] == ["warm up"]
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(b.wait(timeout=5)))
+        waiter.start()
+        time.sleep(0.2)  # blocked in XREADGROUP on the fetch lane
+        # when: this thread sends meanwhile
+        send_conn = lane_of(bus).conn
+        r = a.send("b", "while you wait")
+        waiter.join(5)
+        # then: the send went through the scripts' lane, not blocked behind the wait
+        assert lane_of(bus).conn is send_conn
+        assert [m.body for m in got[0].messages] == ["while you wait"]
+        assert got[0].messages[0].id == r.id
+        # and when the server drops every connection, the next wait reconnects by itself
+        redis.Redis(port=redis7.port).client_kill_filter(_type="normal", skipme=True)
+        a.send("b", "after the kill")
+        assert [m.body for m in b.wait(timeout=2).messages] == ["after the kill"]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
