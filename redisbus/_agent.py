@@ -47,6 +47,9 @@ class AgentState:
         self._recovered = False
         self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
         self._handed: set[str] = set()  # ids returned to this handle and not yet done
+        # the last entry id a new-message fetch gave this replica: the next fetch marks what
+        # it gets after it read, on the server, in the same round trip
+        self._fetched_to = "0-0"
         self._cancelled = False
         self._want_status: str | None = None
         self._last_claim = float("-inf")

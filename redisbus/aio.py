@@ -171,9 +171,13 @@ class _IO:
         cursor: str,
         block_ms: int | None,
         settle: builtins.list[str] | None,
+        mark_after: str | None = None,
     ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
-        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip."""
+        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
+        with the deferred ``settle`` ops before it and the "n" op after it (see the sync
+        face): what the fetch returns is marked read before the reply comes back."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
+        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):
             try:
                 if self.cluster:
@@ -187,33 +191,34 @@ class _IO:
                         count=500,
                         block=block_ms,
                     )
+                    if post:
+                        await self.script("settle", settle_keys, post)
                     now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
-                    settle_sha = await self.load("settle") if settle else ""
+                    sha = await self.load("settle") if settle or post else ""
 
                     # execute() spends a pipeline: one per try
-                    async def run(settle_sha: str = settle_sha) -> Any:
+                    async def run(sha: str = sha) -> Any:
                         pipe = self.r.pipeline(transaction=False)
                         if settle:
-                            pipe.evalsha(settle_sha, 4, *settle_keys, group, *settle)
+                            pipe.evalsha(sha, 4, *settle_keys, group, *settle)
                         pipe.xreadgroup(
                             group, consumer, {keys.stream: cursor}, count=500, block=block_ms
                         )
+                        if post:
+                            pipe.evalsha(sha, 4, *settle_keys, *post)
                         pipe.time()
                         return await pipe.execute()
 
                     out = await self.call(run)
-                    res, now = out[-2], out[-1]
+                    res, now = out[1 if settle else 0], out[-1]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
         else:
             raise RedisbusError("could not load scripts")
-        if isinstance(now, list | tuple):
-            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        else:
-            now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         entries = res[0][1] if res else []
         return entries, now_ms
 
@@ -930,9 +935,10 @@ class AsyncAgent(AgentState):
         settle = list(self._deferred) if self._deferred else None
         io = self._bus._io
         before = io.retries
+        mark_after = self._fetched_to if cursor == ">" else None
         try:
             entries, now = await io.fetch(
-                self._keys, self.name, self.replica, cursor, block_ms, settle
+                self._keys, self.name, self.replica, cursor, block_ms, settle, mark_after
             )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have delivered entries we never saw
@@ -941,6 +947,8 @@ class AsyncAgent(AgentState):
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
+        if mark_after is not None and entries:
+            self._fetched_to = entries[-1][0]
         return entries, now
 
     async def _reclaim(self) -> builtins.list[Message]:

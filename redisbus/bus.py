@@ -182,9 +182,14 @@ class _IO:
         cursor: str,
         block_ms: int | None,
         settle: builtins.list[str] | None,
+        mark_after: str | None = None,
     ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
-        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip."""
+        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
+        with the deferred ``settle`` ops before it and, with ``mark_after`` (the last entry id
+        this consumer fetched before), the "n" op right after it: what the fetch returns is
+        marked read on the server before the reply comes back."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
+        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):
             try:
                 if self.cluster:
@@ -198,30 +203,24 @@ class _IO:
                         count=500,
                         block=block_ms,
                     )
+                    if post:
+                        self.script("settle", settle_keys, post)
                     now = self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
-                    settle_sha = self.load("settle") if settle else ""
-
-                    def run(
-                        settle_sha: str = settle_sha,
-                    ) -> Any:  # execute() spends a pipeline: one per try
-                        if self.fetch_lane is not None:
-                            out = self._fetch_on_lane(
-                                keys, group, consumer, cursor, block_ms, settle, settle_sha
-                            )
-                            if out is not None:
-                                return out
-                        pipe = self.r.pipeline(transaction=False)
-                        if settle:
-                            pipe.evalsha(settle_sha, 4, *settle_keys, group, *settle)
-                        pipe.xreadgroup(
-                            group, consumer, {keys.stream: cursor}, count=500, block=block_ms
-                        )
-                        pipe.time()
-                        return pipe.execute()
-
-                    out = self.call(run)
-                    res, now = out[-2], out[-1]
+                    sha = self.load("settle") if settle or post else ""
+                    commands: builtins.list[tuple[Any, ...]] = []
+                    if settle:
+                        commands.append(("EVALSHA", sha, 4, *settle_keys, group, *settle))
+                    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+                    if block_ms is not None:
+                        read += ("BLOCK", block_ms)
+                    commands.append((*read, "STREAMS", keys.stream, cursor))
+                    if post:
+                        commands.append(("EVALSHA", sha, 4, *settle_keys, *post))
+                    commands.append(("TIME",))
+                    at = 1 if settle else 0
+                    out = self.call(self._pipeline, commands)
+                    res, now = _streams(out[at]), out[-1]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
@@ -232,45 +231,38 @@ class _IO:
         entries = res[0][1] if res else []
         return entries, now_ms
 
-    def _fetch_on_lane(
-        self,
-        keys: ChannelKeys,
-        group: str,
-        consumer: str,
-        cursor: str,
-        block_ms: int | None,
-        settle: builtins.list[str] | None,
-        settle_sha: str,
-    ) -> Any:
-        """fetch()'s pipeline on the fetch lane, replies shaped as redis-py's pipeline would
-        give them; None when another thread holds the lane."""
-        commands: builtins.list[tuple[Any, ...]] = []
-        if settle:
-            settle_keys = (keys.stream, keys.inbox, keys.marks, keys.status)
-            commands.append(("EVALSHA", settle_sha, 4, *settle_keys, group, *settle))
-        read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
-        if block_ms is not None:
-            read += ("BLOCK", block_ms)
-        commands += [(*read, "STREAMS", keys.stream, cursor), ("TIME",)]
-        assert self.fetch_lane is not None
-        out = self.fetch_lane.run_many(commands)
+    def _pipeline(self, commands: builtins.list[tuple[Any, ...]]) -> builtins.list[Any]:
+        """Raw commands in one round trip: on the fetch lane when it is free, else a redis-py
+        pipeline (spent on each try). The first error reply raises."""
+        out: Any = Lane.BUSY
+        if self.fetch_lane is not None:
+            out = self.fetch_lane.run_many(commands)
         if out is Lane.BUSY:
-            return None
+            pipe = self.r.pipeline(transaction=False)
+            for c in commands:
+                pipe.execute_command(*c)
+            out = pipe.execute(raise_on_error=False)
         for reply in out:
             if isinstance(reply, rx.ResponseError):
                 raise reply
-        streams = out[-2]
-        if isinstance(streams, dict):  # RESP3: {stream: entries}
-            streams = list(streams.items())
-        if streams:  # [[stream, [[id, [field, value, ...] | nil], ...]]]
-            streams = [
-                [
-                    name,
-                    [(i, dict(zip(f[::2], f[1::2], strict=True)) if f else None) for i, f in got],
-                ]
-                for name, got in streams
-            ]
-        return [*out[:-2], streams, out[-1]]
+        return list(out)
+
+
+def _streams(reply: Any) -> Any:
+    """An XREADGROUP reply as [[stream, [(id, fields), ...]]], whether raw (RESP2 list, RESP3
+    map, flat field lists) or parsed by redis-py; fields are None for an entry deleted while
+    pending."""
+    if isinstance(reply, dict):
+        reply = list(reply.items())
+    out = []
+    for name, got in reply or []:
+        entries = []
+        for entry_id, f in got:
+            if f and not isinstance(f, dict):
+                f = dict(zip(f[::2], f[1::2], strict=True))
+            entries.append((entry_id, f or None))
+        out.append([name, entries])
+    return out
 
 
 class _Heart:
@@ -904,8 +896,11 @@ class Agent(AgentState):
         settle = list(self._deferred) if self._deferred else None
         io = self._bus._io
         before = io.retries
+        mark_after = self._fetched_to if cursor == ">" else None
         try:
-            entries, now = io.fetch(self._keys, self.name, self.replica, cursor, block_ms, settle)
+            entries, now = io.fetch(
+                self._keys, self.name, self.replica, cursor, block_ms, settle, mark_after
+            )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have delivered entries we never saw
             raise
@@ -913,6 +908,8 @@ class Agent(AgentState):
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
+        if mark_after is not None and entries:
+            self._fetched_to = entries[-1][0]
         return entries, now
 
     def _reclaim(self) -> builtins.list[Message]:

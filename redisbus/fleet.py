@@ -8,10 +8,10 @@ each of them, as it does in their inboxes):
 * **unread**: undone and not yet read: ``undone`` minus the messages the agent has on hand,
   i.e. its pending entries that carry a read mark (``R…`` in ``…:marks``) or that a live
   replica holds (its heartbeat deadline in ``…:beat`` not passed). What is left are messages
-  queued behind the agent's group cursor and messages fetched by a replica that has since
-  died. A live replica's entries count as on hand because ``wait()`` writes the read marks
-  of what it returned only with the agent's next call: without this, every turn longer than
-  the watchdog threshold would look like a stuck message.
+  queued behind the agent's group cursor and messages a replica fetched but died before
+  handing over. (``wait()`` and ``read()`` mark what they return read on the server, in the
+  same round trip; a live replica's unmarked entries are counted on hand all the same, so
+  that a fetch in flight never looks like a stuck message.)
 * **oldest unread age**: Redis ``TIME`` minus the millisecond of the oldest unread entry id
   (the Redis clock at both ends, as for delivery latency).
 * **stale**: unread and older than the watchdog threshold.
@@ -251,8 +251,9 @@ def _read_marks(r: Any, agents: list[_Agent]) -> list[tuple[_Agent, str, str]]:
 
 def _sort_unmarked(r: Any, unmarked: list[tuple[_Agent, str, str]]) -> None:
     """Pending entries without a read mark: those addressed to the agent are on hand when a
-    live replica holds them, else unread. Entries not addressed to it are skipped: a replica
-    acknowledges them with its next call, so for a moment they are pending in its group."""
+    live replica holds them, else unread. Entries not addressed to it are skipped: they are
+    acknowledged right after the fetch (or with the next call, after a failed one), so for a
+    moment they are pending in its group."""
     calls = [("xrange", (a.keys.stream, i, i)) for a, i, _ in unmarked]
     for (a, entry_id, replica), reply in zip(unmarked, _pipeline_results(r, calls), strict=True):
         if not (isinstance(reply, list) and reply and _addressed(reply[0][1], a.name)):

@@ -55,10 +55,10 @@ def test_message_lifecycle_queued_delivered_read_done(bus: Any, chan_name: str) 
         "Script draft v1 ready",
     )
     assert msg.created_at == r.queued_at
-    assert writer.receipt(r.id)[0].status in ("delivered", "read")
-    designer.flush()
+    # wait() returned it in full: it is read at once, for every observer (SPEC §2)
     rec = writer.receipt(r.id)[0]
     assert rec.status == "read" and rec.delivered_at and rec.read_at
+    assert designer.list(filter_by="unread") == []
 
     assert designer.mark_done(msg.id, result="ok") is True
     rec = writer.receipt(r.id)[0]
@@ -377,6 +377,27 @@ def test_wait_wakes_promptly_on_a_message_from_another_client(
     t.join()
     assert got.kind == "message" and got.messages[0].body == "wake up"
     assert woke - sent_at[0] < 0.5
+
+
+def test_wait_marks_read_at_once_for_other_hosts(make_bus: Any, chan_name: str) -> None:
+    # given: a recipient on one bus, the sender and an observer on another
+    bus, observer = make_bus(), make_bus()
+    _, _, writer, designer = team(bus, chan_name)
+    watch = observer.channel(chan_name).join("designer-watch")
+    mine = writer.send("designer", "for you")
+    theirs = writer.send("director", "not for you")
+    short = writer.send("designer", "stale", ttl_s=0.05)
+    time.sleep(0.1)
+    # when: the recipient's wait() returns, and nothing else is called on its handle
+    got = designer.wait(timeout=5)
+    # then: what it returned is read already, seen from another host; what it skipped is not
+    assert [m.id for m in got.messages] == [mine.id]
+    seen = observer.channel(chan_name)
+    assert watch.name != "designer"
+    (rec,) = [x for x in seen.join("writer").receipt(mine.id) if x.to == "designer"]
+    assert rec.status == "read" and rec.read_at
+    assert seen.join("writer").receipt(theirs.id)[0].status == "queued"
+    assert seen.join("writer").receipt(short.id)[0].status == "expired"
 
 
 def test_await_delivery_returns_once_fetched(make_bus: Any, chan_name: str) -> None:

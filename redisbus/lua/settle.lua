@@ -9,11 +9,15 @@
 --   "d"  mark an entry addressed to the agent done (control messages, consumed on sight)
 --   "s"  set the agent's status to the value in place of the id ("running", "waiting",
 --        "idle"), only while it is one of those: a closed or completed agent keeps its status
+--   "n"  in place of the id "AFTER\nCONSUMER": the entries a fetch just gave CONSUMER (its
+--        pending entries after AFTER): mark those addressed to the agent read, or expired
+--        (as "x") when their ttl passed; acknowledge the others (as "a")
 --
 -- returns the number of ops that changed something
 --
--- The wait path sends this with its next XREADGROUP in one pipeline, so a wake-up never pays
--- a round trip for bookkeeping.
+-- The wait path sends this around its XREADGROUP in one pipeline: the deferred ops before it,
+-- an "n" op right after it, so the messages a wake-up returns are read at once (receipts and
+-- unread counts say so) and the wake-up never pays a round trip for bookkeeping.
 
 local stream, inbox, marks, status, agent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local t = redis.call('TIME')
@@ -32,6 +36,29 @@ for i = 2, #ARGV, 2 do
       if op == 'd' then mark = 'D' .. now .. ':' .. now .. ':' .. now .. ':' end
       redis.call('HSET', marks, id .. '\n' .. agent, mark)
       changed = changed + 1
+    end
+  elseif op == 'n' then
+    local sep = string.find(id, '\n', 1, true)
+    local after, consumer = string.sub(id, 1, sep - 1), string.sub(id, sep + 1)
+    local me = '\n' .. agent .. '\n'
+    for _, p in ipairs(redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)) do
+      local eid = p[1]
+      local e = redis.call('XRANGE', stream, eid, eid)
+      if e[1] then
+        local to, ttl, f = '', nil, e[1][2]
+        for j = 1, #f, 2 do
+          if f[j] == 't' then to = f[j + 1] elseif f[j] == 'x' then ttl = tonumber(f[j + 1]) end
+        end
+        if not string.find('\n' .. to .. '\n', me, 1, true) then
+          changed = changed + redis.call('XACK', stream, agent, eid)
+        elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
+          changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now)
+        elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
+          redis.call('HINCRBY', inbox, agent, -1)
+          redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now)
+          changed = changed + 1
+        end
+      end
     end
   elseif op == 's' then
     local s = redis.call('HGET', status, agent)
