@@ -866,6 +866,10 @@ class Agent(AgentState):
                         released = True
                 entries, now_ms = self._fetch(">", block_ms)
                 msgs = self._take(entries, now_ms)
+                if entries and not msgs and block_ms:
+                    # the fetch's read marks set "running", but nothing was handed over (a
+                    # forged entry): show the wait again with the next fetch
+                    self._deferred += ["s", status]
                 if not entries and block_ms:
                     # A quiet slice: pick up what a reply lost to a dropped connection left in
                     # this replica's pending list (a client retry may hide the drop), then

@@ -398,6 +398,9 @@ def test_wait_marks_read_at_once_for_other_hosts(make_bus: Any, chan_name: str) 
     assert rec.status == "read" and rec.read_at
     assert seen.join("writer").receipt(theirs.id)[0].status == "queued"
     assert seen.join("writer").receipt(short.id)[0].status == "expired"
+    # and the roster shows the woken agent at work, not still waiting
+    members = seen.members()
+    assert members["designer"].status == "running"
 
 
 def test_await_delivery_returns_once_fetched(make_bus: Any, chan_name: str) -> None:

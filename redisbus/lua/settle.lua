@@ -11,7 +11,8 @@
 --        "idle"), only while it is one of those: a closed or completed agent keeps its status
 --   "n"  in place of the id "AFTER\nCONSUMER": the entries a fetch just gave CONSUMER (its
 --        pending entries after AFTER): mark those addressed to the agent read, or expired
---        (as "x") when their ttl passed; acknowledge the others (as "a")
+--        (as "x") when their ttl passed; acknowledge the others (as "a"); when any was read,
+--        set the agent "running" (as "s")
 --
 -- returns the number of ops that changed something
 --
@@ -40,7 +41,7 @@ for i = 2, #ARGV, 2 do
   elseif op == 'n' then
     local sep = string.find(id, '\n', 1, true)
     local after, consumer = string.sub(id, 1, sep - 1), string.sub(id, sep + 1)
-    local me = '\n' .. agent .. '\n'
+    local me, got = '\n' .. agent .. '\n', false
     for _, p in ipairs(redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)) do
       local eid = p[1]
       local e = redis.call('XRANGE', stream, eid, eid)
@@ -53,12 +54,17 @@ for i = 2, #ARGV, 2 do
           changed = changed + redis.call('XACK', stream, agent, eid)
         elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
           changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now)
+          got = true
         elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
           redis.call('HINCRBY', inbox, agent, -1)
           redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now)
           changed = changed + 1
         end
       end
+    end
+    if got then -- the agent has work: it runs (as op "s" with "running")
+      local s = redis.call('HGET', status, agent)
+      if s == 'waiting' or s == 'idle' then redis.call('HSET', status, agent, 'running') end
     end
   elseif op == 's' then
     local s = redis.call('HGET', status, agent)
