@@ -345,13 +345,19 @@ def batch_calls(
 
 def unbatch(plans: Sequence[SendPlan], replies: Sequence[Any]) -> list[Any]:
     """One reply (or the call's error) per plan, from the replies of ``batch_calls``."""
+    sizes = [len(plans[i : i + SEND_BATCH]) for i in range(0, len(plans), SEND_BATCH)]
+    return split_replies(sizes, replies)
+
+
+def split_replies(sizes: Sequence[int], replies: Sequence[Any]) -> list[Any]:
+    """Replies of calls that each carried ``sizes[i]`` messages, one per message: send.lua
+    answers a call of several with a list; a failed call fails each of its messages."""
     out: list[Any] = []
-    for i, reply in zip(range(0, len(plans), SEND_BATCH), replies, strict=True):
-        n = len(plans[i : i + SEND_BATCH])
-        if isinstance(reply, Exception):
-            out += [reply] * n
-        elif n == 1:
+    for n, reply in zip(sizes, replies, strict=True):
+        if n == 1:
             out.append(reply)
+        elif isinstance(reply, Exception):
+            out += [reply] * n
         else:
             out += list(reply)
     return out

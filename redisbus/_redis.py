@@ -223,12 +223,23 @@ except ImportError:  # pragma: no cover - hiredis is a dependency
     _hiredis_pack = None
 
 
+def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
+    """Commands in RESP, packed in C by hiredis (redis-py's own packer checks every argument
+    in Python first); what hiredis cannot encode, the connection packs."""
+    if _hiredis_pack is not None:
+        try:
+            return [b"".join(_hiredis_pack(c) for c in commands)]
+        except TypeError:
+            pass
+    return list(conn.pack_commands(commands))
+
+
 class Lane:
     """One connection held for a sync client's single-command hot path (the scripts).
 
     ``redis.Redis`` checks a connection out of its pool for every command: a lock, counters
-    and a non-blocking ``recv`` to see that the socket is clean, about 25 µs per call, which is
-    more than most bus scripts cost the server. The lane keeps one connection and checks it
+    and a non-blocking ``recv`` to see that the socket is clean, on every call (it showed as a
+    large share of a send in profiles). The lane keeps one connection and checks it
     with a ``poll``: readable means closed by the server or holding stray bytes, so it is
     replaced, exactly when the pool would have replaced it. One thread at a time: a caller
     that finds the lane busy uses the pool (``run`` returns ``BUSY``). Plain TCP only (a TLS
@@ -258,8 +269,19 @@ class Lane:
         )
 
     def run(self, *args: Any) -> Any:
-        """Send one command and return its reply, or ``BUSY`` when another thread holds the
-        lane. A reply error leaves the connection in place; anything else drops it."""
+        """Send one command and return its reply (an error reply raises), or ``BUSY`` when
+        another thread holds the lane."""
+        out = self.run_many([args])
+        if out is self.BUSY:
+            return out
+        if isinstance(out[0], rx.ResponseError):
+            raise out[0]
+        return out[0]
+
+    def run_many(self, commands: list[tuple[Any, ...]]) -> Any:
+        """Send ``commands`` in one write and return their replies in order (an error reply
+        sits in its slot, the connection stays), or ``BUSY``. Anything else, a dropped
+        connection or an interrupt, drops the connection and raises."""
         if not self.lock.acquire(blocking=False):
             return self.BUSY
         try:
@@ -268,36 +290,7 @@ class Lane:
                 self.pid = os.getpid()
             conn = self.conn if self.conn is not None and self._clean() else self._open()
             try:
-                if _hiredis_pack is None:  # pragma: no cover - hiredis is a dependency
-                    conn.send_command(*args)
-                else:
-                    try:
-                        packed = _hiredis_pack(args)  # in C, skipping redis-py's arg checks
-                    except TypeError:  # an argument hiredis cannot encode
-                        conn.send_command(*args)
-                    else:
-                        conn.send_packed_command([packed])
-                return conn.read_response()
-            except rx.ResponseError:
-                raise
-            except BaseException:
-                self._drop()
-                raise
-        finally:
-            self.lock.release()
-
-    def run_many(self, commands: list[tuple[Any, ...]]) -> Any:
-        """Send ``commands`` in one write and return their replies in order (an error reply
-        sits in its slot), or ``BUSY``. Connection trouble drops the connection and raises."""
-        if not self.lock.acquire(blocking=False):
-            return self.BUSY
-        try:
-            if self.pid != os.getpid():
-                self.conn = self.sock = self.poller = None
-                self.pid = os.getpid()
-            conn = self.conn if self.conn is not None and self._clean() else self._open()
-            try:
-                conn.send_packed_command(conn.pack_commands(commands))
+                conn.send_packed_command(_pack(conn, commands))
                 out: list[Any] = []
                 for _ in commands:
                     try:
@@ -391,7 +384,7 @@ class AsyncLane:
                 # wait_for, which costs a task and two loop turns per batch; the reads below
                 # keep the socket timeout, and drain() returns at once unless the buffer is full
                 writer = conn._writer
-                writer.writelines(conn.pack_commands(commands))
+                writer.writelines(_pack(conn, commands))
                 await writer.drain()
                 out: list[Any] = []
                 for _ in commands:

@@ -274,11 +274,7 @@ class _Coalescer:
                     if not fut.done():
                         fut.set_exception(e)
                 continue
-            replies: list[Any] = []
-            for n, reply in zip(sizes, merged, strict=True):  # a merged call: a list of replies
-                replies += (
-                    [reply] if n == 1 else [reply] * n if isinstance(reply, Exception) else reply
-                )
+            replies = core.split_replies(sizes, merged)
             for (*_, fut), reply in zip(batch, replies, strict=True):
                 if fut.done():
                     continue
@@ -905,7 +901,11 @@ class AsyncAgent(AgentState):
                         released = True
                 entries, now_ms = await self._fetch(">", block_ms)
                 msgs = self._take(entries, now_ms)
-                if entries and not msgs and block_ms:
+                if (
+                    block_ms
+                    and not msgs
+                    and any(f and core.addressed_to(f, self.name) for _, f in entries)
+                ):
                     # the fetch's read marks set "running", but nothing was handed over (a
                     # forged entry): show the wait again with the next fetch
                     self._deferred += ["s", status]

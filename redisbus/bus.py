@@ -866,7 +866,11 @@ class Agent(AgentState):
                         released = True
                 entries, now_ms = self._fetch(">", block_ms)
                 msgs = self._take(entries, now_ms)
-                if entries and not msgs and block_ms:
+                if (
+                    block_ms
+                    and not msgs
+                    and any(f and core.addressed_to(f, self.name) for _, f in entries)
+                ):
                     # the fetch's read marks set "running", but nothing was handed over (a
                     # forged entry): show the wait again with the next fetch
                     self._deferred += ["s", status]

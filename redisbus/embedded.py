@@ -191,9 +191,9 @@ def shared(
         return server.url, server
 
 
-def _ping(port: int) -> bool:
+def _ping(port: int, timeout_s: float = 0.5) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
             s.sendall(b"PING\r\n")
             return s.recv(64).startswith(b"+PONG")
     except OSError:
@@ -205,11 +205,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 10.
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
-                s.sendall(b"PING\r\n")
-                if s.recv(64).startswith(b"+PONG"):
-                    return True
-        except OSError:
-            time.sleep(0.02)
+        if _ping(port, timeout_s=0.2):
+            return True
+        time.sleep(0.02)
     return False
