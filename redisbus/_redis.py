@@ -9,13 +9,18 @@ from __future__ import annotations
 import os
 import random
 import select
+import socket
+import struct
+import sys
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 from urllib.parse import unquote, urlparse
 
 import redis
 from redis import exceptions as rx
+from redis._parsers.base import BaseParser
 
 from ._errors import BusConnectionError, InvalidInput, RedisbusError, UnknownAgent
 from ._settings import BusSettings
@@ -216,11 +221,15 @@ def _fast_async_connection() -> Any:
     return HiredisPackedConnection
 
 
+_hiredis: Any
 _hiredis_pack: Any
 try:
+    import hiredis as _hiredis
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # pragma: no cover - hiredis is a dependency
-    _hiredis_pack = None
+    _hiredis = _hiredis_pack = None
+
+_ERROR_PARSER: Any = BaseParser
 
 
 def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
@@ -237,13 +246,17 @@ def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
 class Lane:
     """One connection held for a sync client's single-command hot path (the scripts).
 
-    ``redis.Redis`` checks a connection out of its pool for every command: a lock, counters
-    and a non-blocking ``recv`` to see that the socket is clean, on every call (it showed as a
-    large share of a send in profiles). The lane keeps one connection and checks it
-    with a ``poll``: readable means closed by the server or holding stray bytes, so it is
-    replaced, exactly when the pool would have replaced it. One thread at a time: a caller
-    that finds the lane busy uses the pool (``run`` returns ``BUSY``). Plain TCP only (a TLS
-    socket can be readable with records the client has not asked for)."""
+    ``redis.Redis`` checks a connection out of its pool for every command (a lock, counters
+    and a non-blocking ``recv`` to see that the socket is clean) and reads the reply through
+    several layers; together that cost more per call than a send's script costs the server.
+    The lane keeps one connection that the pool opened (so AUTH, SELECT and the client name
+    are the pool's), and talks on its socket directly: one ``sendall`` of the packed
+    commands, ``recv_into`` a buffer, a hiredis reader of its own. Before each use the socket
+    is checked with a ``poll``: readable means closed by the server or holding stray bytes, so
+    it is replaced, exactly when the pool would have replaced it. One thread at a time: a
+    caller that finds the lane busy uses the pool (``run`` returns ``BUSY``). Plain TCP only
+    (a TLS socket can be readable with records the client has not asked for), and only with
+    hiredis installed (it is a dependency)."""
 
     BUSY: Any = object()
 
@@ -252,79 +265,115 @@ class Lane:
         self.lock = threading.Lock()
         self.conn: Any = None
         self.sock: Any = None
+        self.reader: Any = None
         self.poller: Any = None
-        self.pid = os.getpid()
+        self.buf = bytearray(65536)
+        _LANES.add(self)
+        kw = self.pool.connection_kwargs
+        self.reader_kw: dict[str, Any] = {
+            "protocolError": rx.InvalidResponse,
+            "replyError": _reply_error,
+            "errors": kw.get("encoding_errors", "strict"),
+        }
+        if kw.get("decode_responses"):
+            self.reader_kw["encoding"] = kw.get("encoding", "utf-8")
 
     @staticmethod
     def usable(client: Any) -> bool:
         pool = getattr(client, "connection_pool", None)
         cls = getattr(pool, "connection_class", None)
         return (
-            isinstance(client, redis.Redis)
+            _hiredis is not None
+            and isinstance(client, redis.Redis)
             and isinstance(cls, type)
             and issubclass(cls, redis.connection.Connection)
             and cls.__module__.startswith("redis.")  # not a test double's connection
             and not issubclass(cls, redis.connection.SSLConnection)
+            and int(getattr(pool, "connection_kwargs", {}).get("protocol") or 2) == 2
             and hasattr(select, "poll")
         )
 
     def run(self, *args: Any) -> Any:
         """Send one command and return its reply (an error reply raises), or ``BUSY`` when
-        another thread holds the lane."""
-        out = self.run_many([args])
-        if out is self.BUSY:
-            return out
-        if isinstance(out[0], rx.ResponseError):
-            raise out[0]
-        return out[0]
+        another thread holds the lane. The hot path: what ``run_many`` does for one command,
+        without the lists."""
+        if not self.lock.acquire(blocking=False):
+            return self.BUSY
+        try:
+            if self.sock is None or self.poller.poll(0):
+                self._open()
+            sock, reader, buf = self.sock, self.reader, self.buf
+            try:
+                try:
+                    packed = _hiredis_pack(args)
+                except TypeError:
+                    packed = _pack(self.conn, [args])[0]
+                sock.sendall(packed)
+                reply = False
+                while reply is False:
+                    n = sock.recv_into(buf)
+                    if not n:
+                        raise rx.ConnectionError("Connection closed by server.")
+                    reader.feed(buf, 0, n)
+                    reply = reader.gets()
+            except BaseException as e:
+                self._fail(e)
+        finally:
+            self.lock.release()
+        if isinstance(reply, rx.ResponseError):
+            raise reply
+        return reply
 
     def run_many(self, commands: list[tuple[Any, ...]]) -> Any:
         """Send ``commands`` in one write and return their replies in order (an error reply
         sits in its slot, the connection stays), or ``BUSY``. Anything else, a dropped
-        connection or an interrupt, drops the connection and raises."""
+        connection, a timeout or an interrupt, drops the connection and raises (as redis-py's
+        ``ConnectionError`` / ``TimeoutError`` for socket trouble)."""
         if not self.lock.acquire(blocking=False):
             return self.BUSY
         try:
-            if self.pid != os.getpid():  # a forked child: the socket is the parent's
-                self.conn = self.sock = self.poller = None
-                self.pid = os.getpid()
-            conn = self.conn if self.conn is not None and self._clean() else self._open()
+            if self.sock is None or self.poller.poll(0):
+                self._open()
+            sock, reader, buf = self.sock, self.reader, self.buf
             try:
-                conn.send_packed_command(_pack(conn, commands))
+                sock.sendall(_pack(self.conn, commands)[0])
                 out: list[Any] = []
                 for _ in commands:
-                    try:
-                        out.append(conn.read_response())
-                    except rx.ResponseError as e:
-                        out.append(e)
+                    reply = reader.gets()
+                    while reply is False:
+                        n = sock.recv_into(buf)
+                        if not n:
+                            raise rx.ConnectionError("Connection closed by server.")
+                        reader.feed(buf, 0, n)
+                        reply = reader.gets()
+                    out.append(reply)
                 return out
-            except BaseException:
-                self._drop()
-                raise
+            except BaseException as e:
+                self._fail(e)
         finally:
             self.lock.release()
 
-    def _clean(self) -> bool:
-        if self.conn._sock is not self.sock:  # reconnected underneath (health check)
-            self._watch()
-        if self.sock is None or self.poller.poll(0):
-            self._drop()
-            return False
-        return True
+    def _fail(self, e: BaseException) -> NoReturn:
+        """Drop the connection (its replies can no longer be matched to requests) and raise:
+        socket trouble as redis-py's ``TimeoutError`` / ``ConnectionError``, the rest as is."""
+        self._drop()
+        if isinstance(e, socket.timeout | BlockingIOError):
+            raise rx.TimeoutError("Timeout reading from socket") from e
+        if isinstance(e, OSError):
+            raise rx.ConnectionError(f"Error on the Redis socket: {e}") from e
+        raise e
 
-    def _open(self) -> Any:
-        self.conn = self.pool.get_connection()
-        self._watch()
-        return self.conn
-
-    def _watch(self) -> None:
-        self.sock = self.conn._sock
+    def _open(self) -> None:
+        self._drop()
+        conn = self.pool.get_connection()
+        self.conn, self.sock = conn, conn._sock
+        _kernel_timeouts(self.sock)
+        self.reader = _hiredis.Reader(**self.reader_kw)
         self.poller = select.poll()
-        if self.sock is not None:
-            self.poller.register(self.sock.fileno(), select.POLLIN | select.POLLPRI)
+        self.poller.register(self.sock.fileno(), select.POLLIN | select.POLLPRI)
 
     def _drop(self) -> None:
-        conn, self.conn, self.sock, self.poller = self.conn, None, None, None
+        conn, self.conn, self.sock, self.poller, self.reader = self.conn, None, None, None, None
         if conn is not None:
             try:
                 conn.disconnect()
@@ -334,6 +383,42 @@ class Lane:
     def close(self) -> None:
         with self.lock:
             self._drop()
+
+
+def _kernel_timeouts(sock: socket.socket) -> None:
+    """Move the socket's timeout into the kernel (``SO_RCVTIMEO``/``SO_SNDTIMEO``) on Linux: a
+    Python-level timeout polls before every ``recv`` and ``send``, a system call per
+    operation on the hot path. A timed-out call then fails with ``EAGAIN``
+    (``BlockingIOError``), which the lane reports as a timeout."""
+    timeout = sock.gettimeout()
+    if sys.platform != "linux" or not timeout:
+        return
+    sec = int(timeout)
+    tv = struct.pack("ll", sec, int((timeout - sec) * 1_000_000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    sock.settimeout(None)
+
+
+#: Every sync lane, forgotten (not closed) in a forked child: the socket is the parent's.
+_LANES: weakref.WeakSet[Lane] = weakref.WeakSet()
+
+
+def _forget_lanes() -> None:
+    for lane in list(_LANES):
+        lane.conn = lane.sock = lane.poller = lane.reader = None
+        lane.lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_lanes)
+
+
+def _reply_error(message: str) -> rx.ResponseError:
+    """An error reply as the exception redis-py would raise for it (NOSCRIPT, READONLY, ...):
+    the hiredis reader hands it over instead of raising, and ``run_many`` keeps it in its slot."""
+    err: rx.ResponseError = _ERROR_PARSER.parse_error(message)
+    return err
 
 
 class AsyncLane:
