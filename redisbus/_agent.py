@@ -42,6 +42,7 @@ class AgentState:
             channel.keys.inbox,
             channel.keys.rate,
             channel.keys.idem,
+            channel.keys.limits,
         ]
         self._deferred: builtins.list[str] = []
         self._recovered = False
@@ -61,7 +62,13 @@ class AgentState:
 
     def _count(self, result: Receipt | builtins.list[Receipt], type_: str) -> None:
         m = self._bus.metrics
-        receipts = result if isinstance(result, list) else [result]
+        if isinstance(result, Receipt):  # one recipient: no list to build
+            if result.id:
+                m.sent(type_)
+            if result.error is not None:
+                m.rejected(result.error.code)
+            return
+        receipts = result
         if any(r.id for r in receipts):
             m.sent(type_)
         for r in receipts:

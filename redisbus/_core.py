@@ -366,6 +366,9 @@ def split_replies(sizes: Sequence[int], replies: Sequence[Any]) -> list[Any]:
 def parse_send(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt]:
     """Raise for a refused send; otherwise the receipt (one recipient) or receipts."""
     kind = int(reply[0])
+    if kind == 1 and plan.mode == "one":  # accepted: {1, id, name}
+        entry_id = reply[1]
+        return Receipt(entry_id, reply[2], "queued", None, ms_to_dt(id_ms(entry_id)))
     if kind == 0:
         _, code, message, limit, current, retry_ms = reply
         raise refusal(str(code), str(message), str(limit), str(current), str(retry_ms))

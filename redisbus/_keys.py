@@ -12,6 +12,8 @@
 {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
 {prefix}:{<channel>}:dlq     stream of dead letters
 {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
+{prefix}:{<channel>}:lim     string: the limits and pause switch of meta, packed for send.lua
+                             (a cache it fills; changing meta's limits or pause deletes it)
 {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
 """
 
@@ -35,6 +37,7 @@ class ChannelKeys:
     marks: str
     dlq: str
     beat: str
+    limits: str
 
     @classmethod
     def build(cls, prefix: str, channel: str) -> ChannelKeys:
@@ -53,6 +56,7 @@ class ChannelKeys:
             marks=base + "marks",
             dlq=base + "dlq",
             beat=base + "beat",
+            limits=base + "lim",
         )
 
 

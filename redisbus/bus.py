@@ -560,17 +560,23 @@ class Channel:
         argv = core.plan_channel(self.bus.settings, None, None, limits)
         updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
         if updates:
-            self.bus._io.call(self.bus._io.r.hset, self.keys.meta, mapping=updates)
-            # send.lua packs the limits into "cfg" and repacks them when it is gone
-            self.bus._io.call(self.bus._io.r.hdel, self.keys.meta, "cfg")
+            self._update_meta(updates)
         return self.refresh()
 
+    def _update_meta(self, fields: dict[str, str]) -> None:
+        """Write meta fields, then drop send.lua's packed copy of the limits and pause switch
+        (it repacks them from meta). In this order a send between the two writes uses the old
+        copy, as if it had come just before the change; every send after it sees the change."""
+        io = self.bus._io
+        io.call(io.r.hset, self.keys.meta, mapping=fields)
+        io.call(io.r.delete, self.keys.limits)
+
     def pause(self) -> None:
-        self.bus._io.call(self.bus._io.r.hset, self.keys.meta, "paused", "1")
+        self._update_meta({"paused": "1"})
         self.refresh()
 
     def resume(self) -> None:
-        self.bus._io.call(self.bus._io.r.hset, self.keys.meta, "paused", "0")
+        self._update_meta({"paused": "0"})
         self.refresh()
 
     def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:

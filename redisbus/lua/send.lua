@@ -2,6 +2,7 @@
 --
 -- KEYS[1] stream   KEYS[2] meta    KEYS[3] parents   KEYS[4] status
 -- KEYS[5] ids      KEYS[6] inbox   KEYS[7] rate      KEYS[8] idem
+-- KEYS[9] limits (a cache of meta's limits and pause switch, which send.lua fills)
 -- ARGV is one message or several, 13 fields each (ARGV[13 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
@@ -14,6 +15,7 @@
 --
 -- returns, for one message:
 --         {0, code, message, limit, current, retry_after_ms}      the whole send is refused
+--      or {1, id, name}                               a "one" send, accepted (flat: cheaper)
 --      or {1, id|false, {accepted...}, {name, code, message, limit, current, retry_ms, ...}}
 --      or {2, id, {recipients...}}                                  idempotent replay
 --   for several: a list of those, one per message, in order.
@@ -25,14 +27,20 @@
 -- appended at once (a later one may reply to it); the counters of all of them (rate hash,
 -- inbox depths, idempotency keys) are gathered and written once at the end.
 --
--- Written for the hot path: each closure, table and string made here costs a fraction of a
--- microsecond on every send, so helpers are few and the one-recipient case allocates little.
+-- Written for the hot path, where the Lua itself cost more than the Redis commands it calls:
+-- library functions are locals, every function, table and string made here is made once per
+-- call (not per message or recipient), the limits come from one MessagePack field (one C call,
+-- numbers already numbers) and the common cases skip the pattern matching they cannot fail.
 
-local stream, meta, parents, status, ids, inbox, rate, idem =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local call, tonumber, tostring, find, match, gsub = redis.call, tonumber, tostring,
+  string.find, string.match, string.gsub
+local floor, ceil, min, unpack = math.floor, math.ceil, math.min, unpack
+
+local stream, meta, parents, status, ids, inbox, rate, idem, lim =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local NF = 13
 local count = #ARGV / NF
-if count < 1 or count ~= math.floor(count) then
+if count < 1 or count ~= floor(count) then
   return redis.error_reply('ERR send.lua takes 13 arguments per message')
 end
 
@@ -40,15 +48,33 @@ local function refuse(code, msg, limit, current, retry_ms)
   return {0, code, msg, tostring(limit or ""), tostring(current or ""), tostring(retry_ms or "")}
 end
 
--- The channel's limits, packed in the meta field "cfg" by the first accepted send (one
--- field to read instead of fourteen); configure() deletes it when it changes a limit.
-local m = redis.call('HMGET', meta, 'cfg', 'paused')
-local paused, cfg, new_cfg = m[2] == '1', m[1], nil
+-- The channel's limits and pause switch, packed (MessagePack) in the limits key by the first
+-- accepted send: one GET and one C call to unpack, instead of fifteen hash fields to read and
+-- convert. configure(), pause() and resume() delete the key with their change to meta (one
+-- MULTI). The in-memory test double (fakeredis) has no cmsgpack: there the key holds the
+-- values tab-separated.
+local pack_cfg, unpack_cfg
+if cmsgpack then
+  pack_cfg, unpack_cfg = cmsgpack.pack, cmsgpack.unpack
+else
+  pack_cfg = function(...)
+    local v = {...}
+    for i = 1, 15 do v[i] = v[i] == nil and '' or tostring(v[i]) end
+    return table.concat(v, '\t')
+  end
+  unpack_cfg = function(text)
+    local v = {match(text, '^' .. string.rep('([^\t]*)\t', 14) .. '(.*)$')}
+    for i = 3, 13 do v[i] = tonumber(v[i]) end
+    v[15] = tonumber(v[15])
+    return unpack(v, 1, 15)
+  end
+end
+local cfg, new_cfg = call('GET', lim), nil
 if not cfg then
-  local names = {'routing', 'siblings', 'inbox_cap', 'max_body_bytes', 'max_name_chars',
-    'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst', 'sender_rate_per_s',
-    'max_chain_depth', 'max_messages', 'dampen_turns', 'dampen_window_s', 'auto_reply_deny'}
-  local f = redis.call('HMGET', meta, unpack(names))
+  local f = call('HMGET', meta, 'routing', 'siblings', 'inbox_cap', 'max_body_bytes',
+    'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst',
+    'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'dampen_turns', 'dampen_window_s',
+    'auto_reply_deny', 'paused')
   if not f[1] then
     local r = refuse('unknown_agent', 'no such channel')
     if count == 1 then return r end
@@ -56,127 +82,124 @@ if not cfg then
     for i = 1, count do out[i] = r end
     return out
   end
-  for i = 1, #names do f[i] = f[i] or '' end
-  cfg = table.concat(f, '\t', 1, #names) -- no tabs in values: names are printable
+  cfg = pack_cfg(f[1], f[2] or '', tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
+    tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10]),
+    tonumber(f[11]), tonumber(f[12]) or 0, (tonumber(f[13]) or 0) * 1000, f[14] or '',
+    f[15] == '1' and 1 or 0)
   new_cfg = cfg
 end
-local routing, sib, cap, mb, mn, pb, pr, sb, sr, mc, mm, dt, dw, deny_list = string.match(cfg,
-  '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t'
-  .. '([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+local routing, sib, inbox_cap, max_body, max_name, pair_burst, pair_rate, snd_burst, snd_rate,
+  max_chain, max_msgs, dampen_turns, dampen_window, deny_list, paused_flag = unpack_cfg(cfg)
+local paused = paused_flag == 1
 local siblings, open_routing = sib == '1', routing == 'open'
-local inbox_cap, max_body, max_name = tonumber(cap), tonumber(mb), tonumber(mn)
-local pair_burst, pair_rate = tonumber(pb), tonumber(pr)
-local snd_burst, snd_rate = tonumber(sb), tonumber(sr)
-local max_chain, max_msgs = tonumber(mc), tonumber(mm)
-local dampen_turns, dampen_window = tonumber(dt) or 0, (tonumber(dw) or 0) * 1000
+local family = not open_routing
 
--- Redis clock, milliseconds: one reading for the whole call
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local now_s = string.format('%d', now)
+-- Redis clock, milliseconds: one reading for the whole call (a 13-digit integer, which Lua
+-- writes out in full wherever it is concatenated)
+local t = call('TIME')
+local now = t[1] * 1000 + floor(t[2] / 1000)
+local now_s = now .. '' -- converted once: number to string is one of Lua's slower steps
 
 -- What this call knows and will write. Sends change only the rate hash, the inbox depths,
 -- the idempotency keys and the stream, so everything read here stays true for the call.
-local cached, dirty, dirty_list = {}, {}, {}  -- rate hash: field -> value|false; to write
-local status_of, parent_of = {}, {}           -- member -> status / parent name, false: none
-local depth_of, depth_add, depth_list = {}, {}, {} -- inbox depth now; increments to write
-local idem_of, idem_new = {}, {}              -- idempotency field -> "id\tto"|false; to write
+local cached, dirty = {}, {}        -- rate hash: field -> value|false; fields to write
+local status_of, parent_of = {}, {} -- member -> status / parent name, false: none
+local depth_of, depth_dirty = {}, {} -- inbox depth now (read, plus this call's); to write
+local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to write (lazy)
 local sent_any = false
 
-local function rget(field)
-  local v = cached[field]
-  if v == nil then
-    v = redis.call('HGET', rate, field) or false
-    cached[field] = v
-  end
-  return v
-end
-local function rset(field, value)
-  if not dirty[field] then
-    dirty[field] = true
-    dirty_list[#dirty_list + 1] = field
-  end
-  cached[field] = value
-end
-local function members(names, parents_known)  -- status and parent of names not looked up yet
-  local need = nil
+-- The status (and, with with_parents, the parent) of names not looked up yet. Open routing
+-- needs no parents unless "parent" is named or a broadcast groups its receipts; membership is
+-- read from the status hash (join writes both hashes, and nothing deletes from either).
+local function members(names, with_parents)
+  local need, n = nil, 0
   for i = 1, #names do
     local name = names[i]
     if status_of[name] == nil then
-      need = need or {}
-      need[#need + 1] = name
+      if not need then need = {} end
+      n = n + 1
+      need[n] = name
       status_of[name] = false -- also marks it as being fetched (duplicates)
     end
   end
   if not need then return end
-  local st = redis.call('HMGET', status, unpack(need))
-  for i = 1, #need do status_of[need[i]] = st[i] or false end
-  if parents_known then return end
-  local pa = redis.call('HMGET', parents, unpack(need))
-  for i = 1, #need do parent_of[need[i]] = pa[i] or false end
+  local st = call('HMGET', status, unpack(need))
+  for i = 1, n do status_of[need[i]] = st[i] or false end
+  if not with_parents then return end
+  local pa = call('HMGET', parents, unpack(need))
+  for i = 1, n do parent_of[need[i]] = pa[i] or false end
 end
 
--- token bucket: returns ok, tokens_after, retry_ms (nothing written)
-local function bucket(field, burst, per_s)
+-- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written)
+local function bucket(v, burst, per_s)
   if burst <= 0 or per_s <= 0 then return true, nil, 0 end
-  local v = rget(field)
-  local tokens, last = burst, now
+  local tokens = burst
   if v then
-    local sp = string.find(v, ' ', 1, true)
-    tokens, last = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
-    tokens = math.min(burst, tokens + math.max(0, now - last) * per_s / 1000)
+    local tk, last = match(v, '^(%S+) (%S+)$')
+    tokens = min(burst, tk + (now > last + 0 and now - last or 0) * per_s / 1000)
   end
   if tokens < 1 then
-    return false, tokens, math.ceil((1 - tokens) * 1000 / per_s)
+    return false, tokens, ceil((1 - tokens) * 1000 / per_s)
   end
   return true, tokens - 1, 0
 end
 
--- the counters of every appended message, in as few writes as possible
-local function flush()
-  if #dirty_list > 0 then
-    local kv = {}
-    for i, field in ipairs(dirty_list) do kv[2 * i - 1], kv[2 * i] = field, cached[field] end
-    redis.call('HSET', rate, unpack(kv))
-  end
-  for _, name in ipairs(depth_list) do redis.call('HINCRBY', inbox, name, depth_add[name]) end
-  if #idem_new > 0 then redis.call('HSET', idem, unpack(idem_new)) end
-  if new_cfg and sent_any then redis.call('HSET', meta, 'cfg', new_cfg) end
+-- may the sender (whose parent is sp) reach `name` (whose parent is `np`)? relation, allowed
+local function reach(sender, sp, name, np)
+  local rel = 'member'
+  if np == sender then rel = 'child'
+  elseif name == sp and sp ~= '' then rel = 'parent'
+  elseif np == sp then rel = 'sibling' end
+  if open_routing or rel == 'child' or rel == 'parent' then return rel, true end
+  return rel, rel == 'sibling' and siblings
 end
 
 -- each message in order; a refusal ends that message's turn (break) with its reply
-local out = {}
+local out = count > 1 and {} or nil
+local result
 for item = 1, count do
-  local base, result = (item - 1) * NF, nil
+  local base = (item - 1) * NF
+  result = nil
   repeat
     local sender, mode, rcpt_arg = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
     local subject, body, mtype, prio = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6], ARGV[base + 7]
     local reply_to, ttl, ikey = ARGV[base + 8], ARGV[base + 9], ARGV[base + 10]
     local trace, sig, sig_ts = ARGV[base + 11], ARGV[base + 12], ARGV[base + 13]
+    local one = mode == 'one'
 
     -- text rules: printable (no C0/C1 control characters), at most max_name characters
     if paused then result = refuse('channel_paused', 'channel is paused'); break end
     if #body > max_body then result = refuse('too_large', 'body is too large (bytes)', max_body, #body); break end
     if subject ~= '' then
-      local _, n = string.gsub(subject, '[^\128-\191]', '')
-      if n > max_name then
-        result = refuse('too_large', 'subject is too long (characters)', max_name, n); break
+      if #subject > max_name then -- never more characters than bytes: count only when needed
+        local _, n = gsub(subject, '[^\128-\191]', '')
+        if n > max_name then
+          result = refuse('too_large', 'subject is too long (characters)', max_name, n); break
+        end
       end
-      if string.find(subject, '%c') or string.find(subject, '\194[\128-\159]') then
+      if find(subject, '[%c\194]')
+        and (find(subject, '%c') or find(subject, '\194[\128-\159]')) then
         result = refuse('invalid_input', 'subject has control characters'); break
       end
     end
-    if #mtype > 32 or not string.find(mtype, '^[a-z_]+$') then
-      result = refuse('invalid_input', 'bad message type'); break
-    end
-    if mtype == 'outcome' or mtype == 'control' then
-      result = refuse('invalid_input', 'outcome and control messages are written by the bus only'); break
+    if mtype ~= 'message' then
+      if #mtype > 32 or not find(mtype, '^[a-z_]+$') then
+        result = refuse('invalid_input', 'bad message type'); break
+      end
+      if mtype == 'outcome' or mtype == 'control' then
+        result = refuse('invalid_input', 'outcome and control messages are written by the bus only'); break
+      end
     end
     if prio ~= '0' and prio ~= '1' and prio ~= '2' then
       result = refuse('invalid_input', 'priority must be 0, 1 or 2'); break
     end
     if max_msgs > 0 then
-      local sent = tonumber(rget('#sent') or '0')
+      local sent = cached['#sent']
+      if sent == nil then
+        sent = call('HGET', rate, '#sent') or false
+        cached['#sent'] = sent
+      end
+      sent = tonumber(sent or '0')
       if sent >= max_msgs then
         result = refuse('budget', 'channel message budget spent', max_msgs, sent); break
       end
@@ -185,19 +208,29 @@ for item = 1, count do
     -- the sender's and the named recipients' status and parent, in one HMGET per hash (a
     -- broadcast reads the whole parents hash below instead)
     local names
-    if mode == 'one' then
+    if one then
       names = {rcpt_arg}
-      if rcpt_arg == 'parent' then members({sender}) else members({sender, rcpt_arg}) end
+      if rcpt_arg == 'parent' then
+        if status_of[sender] == nil then members({sender}, true) end
+        if parent_of[sender] == nil then -- looked up without parents by an earlier message
+          parent_of[sender] = call('HGET', parents, sender) or false
+        end
+      elseif status_of[sender] == nil or status_of[rcpt_arg] == nil then
+        members({sender, rcpt_arg}, family)
+      end
     else
       names = {}
-      local lookup = {sender}
+      local lookup, with_parents = {sender}, family
       if mode ~= 'all' then
         for name in string.gmatch(rcpt_arg, '[^\n]+') do
           names[#names + 1] = name
-          if name ~= 'parent' then lookup[#lookup + 1] = name end
+          if name ~= 'parent' then lookup[#lookup + 1] = name else with_parents = true end
         end
       end
-      members(lookup)
+      members(lookup, with_parents)
+      if with_parents and parent_of[sender] == nil then
+        parent_of[sender] = call('HGET', parents, sender) or false
+      end
     end
     local sender_status = status_of[sender]
     if not sender_status then result = refuse('unknown_agent', 'sender is not a member'); break end
@@ -209,13 +242,14 @@ for item = 1, count do
     local ifield = nil
     if ikey ~= '' then
       ifield = sender .. '\n' .. ikey
+      if not idem_of then idem_of, idem_new = {}, {} end
       local prev = idem_of[ifield]
       if prev == nil then
-        prev = redis.call('HGET', idem, ifield) or false
+        prev = call('HGET', idem, ifield) or false
         idem_of[ifield] = prev
       end
       if prev then
-        local tab = string.find(prev, '\t', 1, true)
+        local tab = find(prev, '\t', 1, true)
         local sent_to = {}
         for n in string.gmatch(string.sub(prev, tab + 1), '[^\n]+') do sent_to[#sent_to + 1] = n end
         result = {2, string.sub(prev, 1, tab - 1), sent_to}; break
@@ -225,10 +259,10 @@ for item = 1, count do
     -- chain depth and the auto-reply rule
     local depth = 0
     if reply_to ~= '' then
-      if not string.find(reply_to, '^%d+%-%d+$') then
+      if not find(reply_to, '^%d+%-%d+$') then
         result = refuse('invalid_input', 'reply_to is not a message id'); break
       end
-      local e = redis.call('XRANGE', stream, reply_to, reply_to)
+      local e = call('XRANGE', stream, reply_to, reply_to)
       if e[1] then
         local f, ptype, pdepth, psender = e[1][2], 'message', 0, ''
         for i = 1, #f, 2 do
@@ -242,7 +276,7 @@ for item = 1, count do
           result = refuse('loop', 'an auto_reply never answers an auto_reply', 0, 1); break
         end
         if mtype == 'auto_reply'
-          and string.find('\n' .. deny_list .. '\n', '\n' .. psender .. '\n', 1, true) then
+          and find('\n' .. deny_list .. '\n', '\n' .. psender .. '\n', 1, true) then
           result = refuse('loop', 'no automatic answer to ' .. psender .. ' (deny-listed sender)', 0, 1); break
         end
       else
@@ -253,71 +287,56 @@ for item = 1, count do
       end
     end
 
-    -- routing: may the sender reach `name` (whose parent is `np`)? returns relation, allowed
+    -- recipients, in order; duplicates dropped. A refusal of one recipient refuses a "one"
+    -- send; otherwise it is listed (name, code, message, limit, current, retry_ms) in `refused`
     local sp = parent_of[sender] or ''
-    local function reach(name, np)
-      local rel = 'member'
-      if np == sender then rel = 'child'
-      elseif name == sp and sp ~= '' then rel = 'parent'
-      elseif np == sp then rel = 'sibling' end
-      if open_routing or rel == 'child' or rel == 'parent' then return rel, true end
-      return rel, rel == 'sibling' and siblings
-    end
-
-    -- recipients, in order; duplicates dropped
-    local targets = {}
-    local refused = {}
-    local function refuse_one(name, code, msg, limit, current, retry_ms)
-      if mode == 'one' then return refuse(code, msg, limit, current, retry_ms) end
-      local n = #refused
-      refused[n + 1], refused[n + 2], refused[n + 3] = name, code, msg
-      refused[n + 4], refused[n + 5] = tostring(limit or ''), tostring(current or '')
-      refused[n + 6] = tostring(retry_ms or '')
-      return nil
-    end
-
+    local targets, nt, refused, nr = {}, 0, {}, 0
     if mode == 'all' then
-      local flat = redis.call('HGETALL', parents)
+      local flat = call('HGETALL', parents)
+      for i = 1, #flat, 2 do parent_of[flat[i]] = flat[i + 1] end
+      sp = parent_of[sender] or ''
       local groups = {parent = {}, sibling = {}, child = {}, member = {}}
       for i = 1, #flat, 2 do
         local name, np = flat[i], flat[i + 1]
-        parent_of[name] = np
         if name ~= sender then
-          local rel, ok = reach(name, np)
+          local rel, ok = reach(sender, sp, name, np)
           if ok then local g = groups[rel]; g[#g + 1] = name end
         end
       end
       for _, rel in ipairs({'parent', 'sibling', 'child', 'member'}) do
-        table.sort(groups[rel])
-        for _, name in ipairs(groups[rel]) do targets[#targets + 1] = name end
+        local g = groups[rel]
+        table.sort(g)
+        for i = 1, #g do nt = nt + 1; targets[nt] = g[i] end
       end
     else
       local seen = {}
-      for _, name in ipairs(names) do
-        local resolved = name
+      for i = 1, #names do
+        local name = names[i]
+        local resolved, code, msg = name, nil, nil
         if name == 'parent' then
           if sp == '' then
-            local r = refuse_one(name, 'unknown_agent', 'a root agent has no parent')
-            if r then result = r; break end
-            resolved = nil
+            resolved, code, msg = nil, 'unknown_agent', 'a root agent has no parent'
           else
             resolved = sp
           end
-        elseif not parent_of[name] then
-          resolved = redis.call('HGET', ids, name)
-          if not resolved then
-            local r = refuse_one(name, 'unknown_agent', 'no such agent: ' .. name)
-            if r then result = r; break end
-          end
+        elseif not status_of[name] then
+          resolved = call('HGET', ids, name)
+          if not resolved then code, msg = 'unknown_agent', 'no such agent: ' .. name end
         end
         if resolved and not seen[resolved] then
           seen[resolved] = true
           if resolved == sender then
-            local r = refuse_one(resolved, 'invalid_input', 'an agent cannot send to itself')
-            if r then result = r; break end
+            name, code, msg = resolved, 'invalid_input', 'an agent cannot send to itself'
           else
-            targets[#targets + 1] = resolved
+            nt = nt + 1
+            targets[nt] = resolved
           end
+        end
+        if code then
+          if one then result = refuse(code, msg); break end
+          refused[nr + 1], refused[nr + 2], refused[nr + 3] = name, code, msg
+          refused[nr + 4], refused[nr + 5], refused[nr + 6] = '', '', ''
+          nr = nr + 6
         end
       end
     end
@@ -325,117 +344,143 @@ for item = 1, count do
 
     -- the checks per recipient; what an accepted send will write collects in `writes`
     -- (field, value, ...), applied only once every check has passed
-    local accepted, writes = {}, {}
-    if #targets > 0 then
+    local accepted, na, writes, nw = {}, 0, {}, 0
+    if nt > 0 then
       -- status and parent of targets not read above (a broadcast's, an id's, "parent"'s)
       -- and the rate fields and inbox depths not read before, one HMGET each
-      members(targets, mode == 'all') -- a broadcast has every parent from HGETALL
-      local fields = {}
-      local function want(f) if cached[f] == nil then fields[#fields + 1] = f end end
-      want('s\n' .. sender)
-      want('#sent')
-      local need_depth = {}
-      for _, name in ipairs(targets) do
-        want('p\n' .. sender .. '\n' .. name)
-        want('b\n' .. name)
-        if dampen_turns > 0 and mode ~= 'all' then
-          if name < sender then want('d\n' .. name .. '\n' .. sender)
-          else want('d\n' .. sender .. '\n' .. name) end
+      members(targets, family and mode ~= 'all') -- a broadcast has every parent from HGETALL
+      local dampen = dampen_turns > 0 and mode ~= 'all'
+      local pre = 'p\n' .. sender .. '\n'
+      local sfield = 's\n' .. sender
+      local fields, nf = {}, 0
+      if cached[sfield] == nil then nf = nf + 1; fields[nf] = sfield end
+      if cached['#sent'] == nil then nf = nf + 1; fields[nf] = '#sent' end
+      local keyed = {} -- per target: pair field, breaker field, dampener field
+      local need_depth, nd = nil, 0
+      for i = 1, nt do
+        local name = targets[i]
+        local pf, bf = pre .. name, 'b\n' .. name
+        local df = false
+        if dampen then
+          if name < sender then df = 'd\n' .. name .. '\n' .. sender
+          else df = 'd\n' .. sender .. '\n' .. name end
         end
+        local j = 3 * i
+        keyed[j - 2], keyed[j - 1], keyed[j] = pf, bf, df
+        if cached[pf] == nil then nf = nf + 1; fields[nf] = pf; cached[pf] = false end
+        if cached[bf] == nil then nf = nf + 1; fields[nf] = bf; cached[bf] = false end
+        if df and cached[df] == nil then nf = nf + 1; fields[nf] = df; cached[df] = false end
         if depth_of[name] == nil then
-          need_depth[#need_depth + 1] = name
+          if not need_depth then need_depth = {} end
+          nd = nd + 1
+          need_depth[nd] = name
           depth_of[name] = 0
         end
       end
-      if #fields > 0 then
-        local vals = redis.call('HMGET', rate, unpack(fields))
-        for i = 1, #fields do cached[fields[i]] = vals[i] or false end
+      if nf > 0 then
+        local vals = call('HMGET', rate, unpack(fields, 1, nf))
+        for i = 1, nf do cached[fields[i]] = vals[i] or false end
       end
-      if #need_depth > 0 then
-        local vals = redis.call('HMGET', inbox, unpack(need_depth))
-        for i = 1, #need_depth do depth_of[need_depth[i]] = tonumber(vals[i] or '0') end
+      if nd > 0 then
+        local vals = call('HMGET', inbox, unpack(need_depth, 1, nd))
+        for i = 1, nd do depth_of[need_depth[i]] = tonumber(vals[i] or '0') end
       end
-      for _, name in ipairs(targets) do
-        local rel, ok = reach(name, parent_of[name] or '')
+      for i = 1, nt do
+        local name = targets[i]
+        local j = 3 * i
+        local pf, bf, df = keyed[j - 2], keyed[j - 1], keyed[j]
+        local rel, ok = reach(sender, sp, name, parent_of[name] or '')
         local s = status_of[name]
         local queued = depth_of[name]
-        local r = nil
+        local code, msg, limit, current, retry = nil, nil, nil, nil, nil
         -- circuit breaker (written by claim.lua / sweep.lua): "failures first until_ms"
-        local brk = rget('b\n' .. name)
-        local brk_ms = brk and (tonumber(string.match(brk, ' (%d+)$') or '0') - now) or 0
-        -- ping-pong dampener: "last_sender turns at_ms" per unordered pair
-        local dfield, turns = nil, 0
-        if dampen_turns > 0 and mode ~= 'all' then
-          if name < sender then dfield = 'd\n' .. name .. '\n' .. sender
-          else dfield = 'd\n' .. sender .. '\n' .. name end
-          local v = rget(dfield)
+        local brk = cached[bf]
+        local brk_ms = brk and (tonumber(match(brk, ' (%d+)$') or '0') - now) or 0
+        -- ping-pong dampener: "turns at_ms last_sender" per unordered pair
+        local turns = 0
+        if df then
+          local v = cached[df]
           if v then
-            local last, n, at = string.match(v, '^(.*) (%d+) (%d+)$')
-            if now - tonumber(at) <= dampen_window then
-              turns = tonumber(n)
+            local n, at, last = match(v, '^(%d+) (%d+) (.*)$')
+            if at and now - at <= dampen_window then
+              turns = n + 0
               if last == name then turns = turns + 1 end
             end
           end
         end
+        local tokens = nil
         if not ok then
-          r = refuse_one(name, 'routing_refused',
-            name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')')
+          code, msg = 'routing_refused', name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')'
         elseif s == 'failed' or s == 'cancelled' or s == 'lost' then
-          r = refuse_one(name, 'recipient_closed', name .. ' is ' .. s)
+          code, msg = 'recipient_closed', name .. ' is ' .. s
         elseif queued >= inbox_cap then
-          r = refuse_one(name, 'inbox_full', name .. "'s inbox is full", inbox_cap, queued)
+          code, msg, limit, current = 'inbox_full', name .. "'s inbox is full", inbox_cap, queued
         elseif brk_ms > 0 then
-          r = refuse_one(name, 'circuit_open', name .. ' keeps failing: deliveries paused',
-            0, 0, brk_ms)
+          code, msg, limit, current, retry = 'circuit_open',
+            name .. ' keeps failing: deliveries paused', 0, 0, brk_ms
         elseif turns > dampen_turns then
-          r = refuse_one(name, 'loop', 'ping-pong between ' .. sender .. ' and ' .. name
-            .. ' dampened', dampen_turns, turns, dampen_window)
+          code, msg, limit, current, retry = 'loop', 'ping-pong between ' .. sender .. ' and '
+            .. name .. ' dampened', dampen_turns, turns, dampen_window
         else
-          local field = 'p\n' .. sender .. '\n' .. name
-          local pass, tokens, retry = bucket(field, pair_burst, pair_rate)
+          local pass, left, wait_ms = bucket(cached[pf], pair_burst, pair_rate)
           if not pass then
-            r = refuse_one(name, 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name,
-              pair_burst, tokens, retry)
+            code, msg, limit, current, retry = 'rate_limited',
+              'rate limit ' .. sender .. ' -> ' .. name, pair_burst, left, wait_ms
           else
-            accepted[#accepted + 1] = name
-            local n = #writes
-            if tokens then
-              writes[n + 1], writes[n + 2] = field, tokens .. ' ' .. now_s
-              n = n + 2
-            end
-            if dfield then
-              writes[n + 1], writes[n + 2] = dfield, sender .. ' ' .. turns .. ' ' .. now_s
-            end
+            tokens = left
           end
         end
-        if r then result = r; break end
+        if code then
+          if one then result = refuse(code, msg, limit, current, retry); break end
+          refused[nr + 1], refused[nr + 2], refused[nr + 3] = name, code, msg
+          refused[nr + 4], refused[nr + 5] = tostring(limit or ''), tostring(current or '')
+          refused[nr + 6] = tostring(retry or '')
+          nr = nr + 6
+        else
+          na = na + 1
+          accepted[na] = name
+          if tokens then
+            writes[nw + 1], writes[nw + 2] = pf, tokens .. ' ' .. now_s
+            nw = nw + 2
+          end
+          if df then
+            writes[nw + 1], writes[nw + 2] = df, turns .. ' ' .. now_s .. ' ' .. sender
+            nw = nw + 2
+          end
+        end
       end
     end
     if result then break end
 
-    if #accepted == 0 then
-      if mode == 'one' then result = refuse('invalid_input', 'no recipient'); break end
-      result = {1, false, {}, refused}; break
+    if na == 0 then
+      if one then result = refuse('invalid_input', 'no recipient'); break end
+      result = {1, false, accepted, refused}; break
     end
 
-    local s_ok, s_tokens, s_retry = bucket('s\n' .. sender, snd_burst, snd_rate)
+    local sfield = 's\n' .. sender
+    local s_ok, s_tokens, s_retry = bucket(cached[sfield], snd_burst, snd_rate)
     if not s_ok then
       result = refuse('rate_limited', 'sender rate limit for ' .. sender, snd_burst, s_tokens, s_retry); break
     end
 
     -- every check passed: append now, count (written at the end of the call)
-    for i = 1, #writes, 2 do rset(writes[i], writes[i + 1]) end
-    rset('#sent', tostring(tonumber(rget('#sent') or '0') + 1))
-    if s_tokens then rset('s\n' .. sender, s_tokens .. ' ' .. now_s) end
-    for _, name in ipairs(accepted) do
-      if not depth_add[name] then
-        depth_add[name] = 0
-        depth_list[#depth_list + 1] = name
-      end
-      depth_add[name] = depth_add[name] + 1
-      depth_of[name] = depth_of[name] + 1
+    for i = 1, nw, 2 do
+      local field = writes[i]
+      cached[field] = writes[i + 1]
+      dirty[field] = true
     end
-    local to = #accepted == 1 and accepted[1] or table.concat(accepted, '\n')
+    cached['#sent'] = tostring((tonumber(cached['#sent'] or '0') or 0) + 1)
+    dirty['#sent'] = true
+    if s_tokens then
+      cached[sfield] = s_tokens .. ' ' .. now_s
+      dirty[sfield] = true
+    end
+    for i = 1, na do
+      local name = accepted[i]
+      depth_of[name] = depth_of[name] + 1
+      depth_dirty[name] = true
+    end
+    local to = na == 1 and accepted[1] or table.concat(accepted, '\n', 1, na)
     local f = {'f', sender, 't', to, 'b', body}
     local n = 6
     if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
@@ -449,17 +494,30 @@ for item = 1, count do
     if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
     if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
     if mode == 'all' then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
-    local id = redis.call('XADD', stream, '*', unpack(f))
+    local id = call('XADD', stream, '*', unpack(f, 1, n))
     sent_any = true
     if ifield then
-      idem_of[ifield] = id .. '\t' .. to
+      local v = id .. '\t' .. to
+      idem_of[ifield] = v
       idem_new[#idem_new + 1] = ifield
-      idem_new[#idem_new + 1] = idem_of[ifield]
+      idem_new[#idem_new + 1] = v
     end
-    result = {1, id, accepted, refused}
+    if one then result = {1, id, to} else result = {1, id, accepted, refused} end
   until true
-  out[item] = result
+  if out then out[item] = result end
 end
-flush()
-if count == 1 then return out[1] end
-return out
+
+-- the counters of every appended message, one write per hash: the inbox depths as absolute
+-- values (read above, nothing else changes them during the script), as strings (Redis turns
+-- a Lua number into a command argument with a slow printf)
+if sent_any then
+  local kv, n = {}, 0
+  for field in pairs(dirty) do kv[n + 1], kv[n + 2], n = field, cached[field], n + 2 end
+  call('HSET', rate, unpack(kv, 1, n))
+  kv, n = {}, 0
+  for name in pairs(depth_dirty) do kv[n + 1], kv[n + 2], n = name, depth_of[name] .. '', n + 2 end
+  call('HSET', inbox, unpack(kv, 1, n))
+  if idem_new and #idem_new > 0 then call('HSET', idem, unpack(idem_new)) end
+  if new_cfg then call('SET', lim, new_cfg) end
+end
+return out or result
