@@ -118,8 +118,8 @@ async def maybe_await(value: T | Awaitable[T]) -> T:
 
 
 class RoundTrips:
-    """Counts writes to Redis sockets (one per command or per pipeline) of sync clients, and
-    with ``names=True`` the top-level commands they carried."""
+    """Counts writes to Redis sockets (one per command or per pipeline) of sync clients, the
+    bus's lanes included, and with ``names=True`` the top-level commands they carried."""
 
     def __init__(self, names: bool = False) -> None:
         self.count = 0
@@ -138,11 +138,24 @@ class RoundTrips:
                 self.commands.update(command_names(b"".join(bytes(c) for c in chunks)))
             original(conn, command, check_health)
 
+        # the bus's own lanes write straight to their sockets
+        from redisbus import _redis as lanes
+
+        lane_write: Callable[..., None] = lanes._sendall
+
+        def lane_counted(sock: Any, data: bytes) -> None:
+            self.count += 1
+            if self.names:
+                self.commands.update(command_names(bytes(data)))
+            lane_write(sock, data)
+
         cls.send_packed_command = counted  # type: ignore[method-assign]
+        lanes._sendall = lane_counted
         try:
             yield self
         finally:
             cls.send_packed_command = original  # type: ignore[method-assign]
+            lanes._sendall = lane_write
 
 
 def command_names(data: bytes) -> list[str]:

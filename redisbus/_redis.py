@@ -308,7 +308,7 @@ class Lane:
                     packed = _hiredis_pack(args)
                 except TypeError:
                     packed = _pack(self.conn, [args])[0]
-                sock.sendall(packed)
+                _sendall(sock, packed)
                 reply = False
                 while reply is False:
                     n = sock.recv_into(buf)
@@ -336,7 +336,7 @@ class Lane:
                 self._open()
             sock, reader, buf = self.sock, self.reader, self.buf
             try:
-                sock.sendall(_pack(self.conn, commands)[0])
+                _sendall(sock, _pack(self.conn, commands)[0])
                 out: list[Any] = []
                 for _ in commands:
                     reply = reader.gets()
@@ -399,6 +399,9 @@ def _kernel_timeouts(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
     sock.settimeout(None)
 
+
+#: How a lane writes to its socket (a module global, so a benchmark can count round trips).
+_sendall = socket.socket.sendall
 
 #: Every sync lane, forgotten (not closed) in a forked child: the socket is the parent's.
 _LANES: weakref.WeakSet[Lane] = weakref.WeakSet()
