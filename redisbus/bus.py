@@ -76,6 +76,24 @@ class _IO:
     def script(
         self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
     ) -> Any:
+        lane, sha = self.lane, self.sha.get(name)
+        if lane is not None and sha is not None:
+            # the hot path: straight onto the lane; any trouble is classified as call() would
+            # and, when it may be repeated, handed to the general path below
+            try:
+                reply = lane.run("EVALSHA", sha, len(keys), *keys, *args)
+            except (rx.RedisError, OSError) as e:
+                action, err = classify(e)
+                if action == "raise" or (action == "retry" and not retry):
+                    raise err from e
+                if action == "reload":
+                    self.sha.clear()
+                else:
+                    self.retries += 1
+                    time.sleep(backoff_s(0))
+            else:
+                if reply is not Lane.BUSY:
+                    return reply
         for _ in range(3):
             sha = self.load(name)
             try:
@@ -681,7 +699,10 @@ class Agent(AgentState):
         except RedisbusError as e:
             self._bus.metrics.rejected(e.code)
             raise
-        self._count(result, type)
+        if isinstance(result, Receipt):  # one recipient, accepted (a refusal raised above)
+            self._bus.metrics.sent(type)
+        else:
+            self._count(result, type)
         if durable:
             s = self._bus.settings
             reached = self._bus._io.replicate(

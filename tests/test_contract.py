@@ -287,6 +287,24 @@ def test_pause_refuses_every_send_until_resumed(bus: Any, chan_name: str) -> Non
     writer.send("designer", "x")
 
 
+def test_pause_and_resume_reach_sends_on_every_host_at_once(
+    make_bus: Any, chan_name: str
+) -> None:
+    # given: a channel whose sends went through (send.lua keeps limits and pause packed)
+    one, two = make_bus(), make_bus()
+    ch = one.channel(chan_name, routing="open")
+    a = ch.join("a")
+    two.channel(chan_name).join("b")
+    a.send("b", "before")
+    # when: another host pauses the channel, then resumes it
+    two.channel(chan_name).pause()
+    # then: the very next send is refused, and the one after the resume goes through
+    with pytest.raises(ChannelPaused):
+        a.send("b", "while paused")
+    two.channel(chan_name).resume()
+    assert a.send("b", "after").status == "queued"
+
+
 def test_channel_limits_live_in_redis(make_bus: Any, chan_name: str) -> None:
     one, two = make_bus(), make_bus(inbox_cap=5)
     ch = one.channel(chan_name, inbox_cap=2)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from redisbus import AsyncBus, Bus
+from redisbus import AsyncBus, Bus, BusConnectionError, BusSettings
 from redisbus.testing import memory_bus
 from tests.servers import Server
 
@@ -58,6 +58,44 @@ def test_a_killed_connection_is_replaced_before_the_next_send(redis7: Server) ->
         # then: it found the dead socket each time, connected afresh, and nothing failed
         assert killer.info("stats")["total_connections_received"] - before >= 3
         assert [m.body for m in b.read(limit=10)] == ["first"] + ["after the kill"] * 3
+
+
+def test_a_stalled_server_times_out_on_the_lane_and_the_next_send_reconnects(
+    redis7: Server,
+) -> None:
+    # given: a Bus with a short socket timeout, whose lane is open
+    settings = BusSettings(socket_timeout_s=0.3, retry_attempts=0)
+    with Bus.from_url(redis7.url, settings=settings) as bus:
+        ch = bus.channel("lane-stalled", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "first")
+        # when: the server stops answering for longer than the timeout
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        started = time.monotonic()
+        with pytest.raises(BusConnectionError):
+            a.send("b", "stalled")
+        # then: the send gave up after about the timeout, not after the pause
+        assert time.monotonic() - started < 1.2
+        # and once the server answers again, the next send goes out on a fresh connection
+        time.sleep(1.5)
+        a.send("b", "after")
+        bodies = [m.body for m in b.read(limit=10)]
+        assert bodies[0] == "first" and bodies[-1] == "after"
+
+
+def test_error_replies_on_the_lane_keep_its_connection(redis7: Server) -> None:
+    # given: a Bus whose lane is open, and a server that forgot every script
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-noscript", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "first")
+        conn = lane_of(bus).conn
+        redis.Redis(port=redis7.port).script_flush()
+        # when: the next send meets NOSCRIPT on the lane
+        a.send("b", "second")
+        # then: it was told apart (reloaded and sent once), on the same connection
+        assert lane_of(bus).conn is conn
+        assert [m.body for m in b.read(limit=10)] == ["first", "second"]
 
 
 def test_threads_share_the_lane_and_the_pool(redis7: Server) -> None:

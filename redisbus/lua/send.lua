@@ -444,7 +444,8 @@ for item = 1, count do
             nw = nw + 2
           end
           if df then
-            writes[nw + 1], writes[nw + 2] = df, turns .. ' ' .. now_s .. ' ' .. sender
+            writes[nw + 1], writes[nw + 2] = df, (turns == 0 and '0' or turns) .. ' ' .. now_s
+              .. ' ' .. sender
             nw = nw + 2
           end
         end
