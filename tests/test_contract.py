@@ -287,9 +287,7 @@ def test_pause_refuses_every_send_until_resumed(bus: Any, chan_name: str) -> Non
     writer.send("designer", "x")
 
 
-def test_pause_and_resume_reach_sends_on_every_host_at_once(
-    make_bus: Any, chan_name: str
-) -> None:
+def test_pause_and_resume_reach_sends_on_every_host_at_once(make_bus: Any, chan_name: str) -> None:
     # given: a channel whose sends went through (send.lua keeps limits and pause packed)
     one, two = make_bus(), make_bus()
     ch = one.channel(chan_name, routing="open")
