@@ -31,6 +31,10 @@
 -- library functions are locals, every function, table and string made here is made once per
 -- call (not per message or recipient), the limits come from one MessagePack field (one C call,
 -- numbers already numbers) and the common cases skip the pattern matching they cannot fail.
+-- The commonest send of all (one plain message to one member on an open channel) has a path of
+-- its own that reads and writes only what it needs and never refuses: when a check does not
+-- pass, it steps aside and the general loop decides (tests/test_send_batch.py proves the two
+-- alike against batches, which always take the general loop).
 
 local call, tonumber, tostring, find, match, gsub = redis.call, tonumber, tostring,
   string.find, string.match, string.gsub
@@ -100,6 +104,97 @@ local t = call('TIME')
 local now = t[1] * 1000 + floor(t[2] / 1000)
 local now_s = now .. '' -- converted once: number to string is one of Lua's slower steps
 
+-- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written)
+local function bucket(v, burst, per_s)
+  if burst <= 0 or per_s <= 0 then return true, nil, 0 end
+  local tokens = burst
+  if v then
+    local tk, last = match(v, '^(%S+) (%S+)$')
+    tokens = min(burst, tk + (now > last + 0 and now - last or 0) * per_s / 1000)
+  end
+  if tokens < 1 then
+    return false, tokens, ceil((1 - tokens) * 1000 / per_s)
+  end
+  return true, tokens - 1, 0
+end
+
+-- ping-pong dampener "turns at_ms last_sender" of the pair: the turns this send would make
+local function dampened(v, name)
+  if not v then return 0 end
+  local n, at, last = match(v, '^(%d+) (%d+) (.*)$')
+  if not at or now - at > dampen_window then return 0 end
+  if last == name then return n + 1 end
+  return n + 0
+end
+
+-- The common send, taken without the general loop's bookkeeping: one message to one member
+-- named as such, no reply_to, no idempotency key, open routing. This path only ever accepts.
+-- At the first check that does not pass it hands what it read to the general loop below,
+-- which checks everything again from the start (reading nothing twice) and words the refusal.
+local fast_st, fast_fields, fast_vals, fast_depth = nil, nil, nil, nil
+if count == 1 and open_routing and not paused and ARGV[2] == 'one' and ARGV[8] == ''
+  and ARGV[10] == '' then
+  local sender, rcpt, subject, body, mtype, prio =
+    ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+  if rcpt ~= 'parent' and rcpt ~= sender and #body <= max_body
+    and (subject == '' or (#subject <= max_name and not find(subject, '[%c\194]')))
+    and (mtype == 'message' or (#mtype <= 32 and find(mtype, '^[a-z_]+$')
+      and mtype ~= 'outcome' and mtype ~= 'control'))
+    and (prio == '0' or prio == '1' or prio == '2') then
+    fast_st = call('HMGET', status, sender, rcpt)
+    local ss, rs = fast_st[1], fast_st[2]
+    if ss and rs and ss ~= 'failed' and ss ~= 'cancelled'
+      and rs ~= 'failed' and rs ~= 'cancelled' and rs ~= 'lost' then
+      local sf, pf, bf = 's\n' .. sender, 'p\n' .. sender .. '\n' .. rcpt, 'b\n' .. rcpt
+      local df = false
+      if dampen_turns > 0 then
+        if rcpt < sender then df = 'd\n' .. rcpt .. '\n' .. sender
+        else df = 'd\n' .. sender .. '\n' .. rcpt end
+        fast_fields = {sf, '#sent', pf, bf, df}
+      else
+        fast_fields = {sf, '#sent', pf, bf}
+      end
+      fast_vals = call('HMGET', rate, unpack(fast_fields))
+      fast_depth = tonumber(call('HGET', inbox, rcpt) or '0')
+      local sent = tonumber(fast_vals[2] or '0')
+      local brk = fast_vals[4]
+      local turns = df and dampened(fast_vals[5], rcpt) or 0
+      if (max_msgs <= 0 or sent < max_msgs) and fast_depth < inbox_cap
+        and not (brk and tonumber(match(brk, ' (%d+)$') or '0') > now)
+        and turns <= dampen_turns then
+        local p_ok, p_tokens = bucket(fast_vals[3], pair_burst, pair_rate)
+        local s_ok, s_tokens = bucket(fast_vals[1], snd_burst, snd_rate)
+        if p_ok and s_ok then
+          -- accepted: append, then count (as the general loop and its flush would)
+          local f = {'f', sender, 't', rcpt, 'b', body}
+          local n = 6
+          if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
+          if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
+          if prio ~= '0' then f[n + 1], f[n + 2], n = 'p', prio, n + 2 end
+          local ttl, trace, sig, sig_ts = ARGV[9], ARGV[11], ARGV[12], ARGV[13]
+          if ttl ~= '' then f[n + 1], f[n + 2], n = 'x', ttl, n + 2 end
+          if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
+          if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
+          if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
+          local id = call('XADD', stream, '*', unpack(f, 1, n))
+          local kv = {'#sent', tostring(sent + 1)}
+          n = 2
+          if p_tokens then kv[n + 1], kv[n + 2], n = pf, p_tokens .. ' ' .. now_s, n + 2 end
+          if s_tokens then kv[n + 1], kv[n + 2], n = sf, s_tokens .. ' ' .. now_s, n + 2 end
+          if df then
+            kv[n + 1], kv[n + 2], n = df, (turns == 0 and '0' or turns) .. ' ' .. now_s
+              .. ' ' .. sender, n + 2
+          end
+          call('HSET', rate, unpack(kv, 1, n))
+          call('HSET', inbox, rcpt, (fast_depth + 1) .. '')
+          if new_cfg then call('SET', lim, new_cfg) end
+          return {1, id, rcpt}
+        end
+      end
+    end
+  end
+end
+
 -- What this call knows and will write. Sends change only the rate hash, the inbox depths,
 -- the idempotency keys and the stream, so everything read here stays true for the call.
 local cached, dirty = {}, {}        -- rate hash: field -> value|false; fields to write
@@ -107,6 +202,13 @@ local status_of, parent_of = {}, {} -- member -> status / parent name, false: no
 local depth_of, depth_dirty = {}, {} -- inbox depth now (read, plus this call's); to write
 local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to write (lazy)
 local sent_any = false
+if fast_st then -- what the fast path read before it stepped aside
+  status_of[ARGV[1]], status_of[ARGV[3]] = fast_st[1] or false, fast_st[2] or false
+  if fast_vals then
+    for i = 1, #fast_fields do cached[fast_fields[i]] = fast_vals[i] or false end
+    depth_of[ARGV[3]] = fast_depth
+  end
+end
 
 -- The status (and, with with_parents, the parent) of names not looked up yet. Open routing
 -- needs no parents unless "parent" is named or a broadcast groups its receipts; membership is
@@ -128,20 +230,6 @@ local function members(names, with_parents)
   if not with_parents then return end
   local pa = call('HMGET', parents, unpack(need))
   for i = 1, n do parent_of[need[i]] = pa[i] or false end
-end
-
--- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written)
-local function bucket(v, burst, per_s)
-  if burst <= 0 or per_s <= 0 then return true, nil, 0 end
-  local tokens = burst
-  if v then
-    local tk, last = match(v, '^(%S+) (%S+)$')
-    tokens = min(burst, tk + (now > last + 0 and now - last or 0) * per_s / 1000)
-  end
-  if tokens < 1 then
-    return false, tokens, ceil((1 - tokens) * 1000 / per_s)
-  end
-  return true, tokens - 1, 0
 end
 
 -- may the sender (whose parent is sp) reach `name` (whose parent is `np`)? relation, allowed
@@ -397,17 +485,7 @@ for item = 1, count do
         local brk = cached[bf]
         local brk_ms = brk and (tonumber(match(brk, ' (%d+)$') or '0') - now) or 0
         -- ping-pong dampener: "turns at_ms last_sender" per unordered pair
-        local turns = 0
-        if df then
-          local v = cached[df]
-          if v then
-            local n, at, last = match(v, '^(%d+) (%d+) (.*)$')
-            if at and now - at <= dampen_window then
-              turns = n + 0
-              if last == name then turns = turns + 1 end
-            end
-          end
-        end
+        local turns = df and dampened(cached[df], name) or 0
         local tokens = nil
         if not ok then
           code, msg = 'routing_refused', name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')'
