@@ -243,6 +243,51 @@ local function reach(sender, sp, name, np)
 end
 
 -- each message in order; a refusal ends that message's turn (break) with its reply
+-- A batch reads up front, in one HMGET per hash, what its plain messages (one named
+-- recipient each) will look at: the status (and parent) of every sender and recipient, the
+-- rate fields and inbox depths of every pair. The loop below then finds them known.
+if count > 1 then
+  local names, nn, fields, nf, depths, nd = {}, 0, {'#sent'}, 1, {}, 0
+  local named, counted, paired = {}, {}, {} -- names, recipients and pairs already listed
+  for item = 1, count do
+    local base = (item - 1) * NF
+    local sender, mode, rcpt = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
+    if not named[sender] then
+      named[sender] = true
+      nn = nn + 1; names[nn] = sender
+      nf = nf + 1; fields[nf] = 's\n' .. sender
+    end
+    if mode == 'one' and rcpt ~= 'parent' and rcpt ~= sender then
+      if not named[rcpt] then
+        named[rcpt] = true
+        nn = nn + 1; names[nn] = rcpt
+      end
+      if not counted[rcpt] then
+        counted[rcpt] = true
+        nd = nd + 1; depths[nd] = rcpt
+        nf = nf + 1; fields[nf] = 'b\n' .. rcpt
+      end
+      local pf = 'p\n' .. sender .. '\n' .. rcpt
+      if not paired[pf] then
+        paired[pf] = true
+        nf = nf + 1; fields[nf] = pf
+        if dampen_turns > 0 then
+          nf = nf + 1
+          if rcpt < sender then fields[nf] = 'd\n' .. rcpt .. '\n' .. sender
+          else fields[nf] = 'd\n' .. sender .. '\n' .. rcpt end
+        end
+      end
+    end
+  end
+  members(names, family)
+  local vals = call('HMGET', rate, unpack(fields, 1, nf))
+  for i = 1, nf do cached[fields[i]] = vals[i] or false end
+  if nd > 0 then
+    vals = call('HMGET', inbox, unpack(depths, 1, nd))
+    for i = 1, nd do depth_of[depths[i]] = tonumber(vals[i] or '0') end
+  end
+end
+
 local out = count > 1 and {} or nil
 local result
 for item = 1, count do
