@@ -41,9 +41,9 @@ ITEM = st.fixed_dictionaries(
 _names = itertools.count()
 
 
-def _family(bus: Bus, name: str, routing: str = "family") -> Any:
+def _family(bus: Bus, name: str, routing: str = "family", siblings: bool = True) -> Any:
     """boss -> mid -> kid; sib is mid's sibling under boss. Returns ``mid``."""
-    ch = bus.channel(name, **{**TIGHT, "routing": routing}, siblings=True)
+    ch = bus.channel(name, **{**TIGHT, "routing": routing}, siblings=siblings)
     boss = ch.join("boss")
     me = ch.join("mid", parent=boss.name)
     ch.join("sib", parent=boss.name)
@@ -78,18 +78,23 @@ def _state(r: redis.Redis, ch: Any) -> tuple[Any, ...]:
 @settings(
     max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(items=st.lists(ITEM, min_size=1, max_size=25), routing=st.sampled_from(["family", "open"]))
+@given(
+    items=st.lists(ITEM, min_size=1, max_size=25),
+    routing=st.sampled_from(["family", "open"]),
+    siblings=st.booleans(),
+)
 def test_send_many_equals_the_same_sends_one_by_one(
-    redis7: Server, items: list[dict], routing: str
+    redis7: Server, items: list[dict], routing: str, siblings: bool
 ) -> None:
-    # One by one, an open channel's plain sends take send.lua's fast path; a batch never does:
-    # this also proves the two paths accept, refuse and count alike.
+    # One by one, plain sends take send.lua's fast path; a batch never does: this also proves
+    # the two paths accept, refuse and count alike (routing included: without siblings, "sib"
+    # is out of mid's reach on a family channel).
     r = redis.Redis(port=redis7.port, decode_responses=True)
     with Bus.from_url(redis7.url) as bus:
         # given: two identical families
         n = next(_names)
-        batch_me = _family(bus, f"batch-{n}", routing)
-        single_me = _family(bus, f"single-{n}", routing)
+        batch_me = _family(bus, f"batch-{n}", routing, siblings)
+        single_me = _family(bus, f"single-{n}", routing, siblings)
         sends = [dict(i, to=_normalize(i["to"])) for i in items]
         # when: one sends the items as one batch, the other one by one
         batched = [_outcome(x) for x in batch_me.send_many(sends)]

@@ -31,7 +31,7 @@
 -- library functions are locals, every function, table and string made here is made once per
 -- call (not per message or recipient), the limits come from one MessagePack field (one C call,
 -- numbers already numbers) and the common cases skip the pattern matching they cannot fail.
--- The commonest send of all (one plain message to one member on an open channel) has a path of
+-- The commonest send of all (one plain message to one member, named) has a path of
 -- its own that reads and writes only what it needs and never refuses: when a check does not
 -- pass, it steps aside and the general loop decides (tests/test_send_batch.py proves the two
 -- alike against batches, which always take the general loop).
@@ -127,13 +127,22 @@ local function dampened(v, name)
   return n + 0
 end
 
+-- may the sender (whose parent is sp) reach `name` (whose parent is `np`)? relation, allowed
+local function reach(sender, sp, name, np)
+  local rel = 'member'
+  if np == sender then rel = 'child'
+  elseif name == sp and sp ~= '' then rel = 'parent'
+  elseif np == sp then rel = 'sibling' end
+  if open_routing or rel == 'child' or rel == 'parent' then return rel, true end
+  return rel, rel == 'sibling' and siblings
+end
+
 -- The common send, taken without the general loop's bookkeeping: one message to one member
--- named as such, no reply_to, no idempotency key, open routing. This path only ever accepts.
+-- named as such, no reply_to, no idempotency key. This path only ever accepts.
 -- At the first check that does not pass it hands what it read to the general loop below,
 -- which checks everything again from the start (reading nothing twice) and words the refusal.
-local fast_st, fast_fields, fast_vals, fast_depth = nil, nil, nil, nil
-if count == 1 and open_routing and not paused and ARGV[2] == 'one' and ARGV[8] == ''
-  and ARGV[10] == '' then
+local fast_st, fast_pa, fast_fields, fast_vals, fast_depth = nil, nil, nil, nil, nil
+if count == 1 and not paused and ARGV[2] == 'one' and ARGV[8] == '' and ARGV[10] == '' then
   local sender, rcpt, subject, body, mtype, prio =
     ARGV[1], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
   if rcpt ~= 'parent' and rcpt ~= sender and #body <= max_body
@@ -143,7 +152,13 @@ if count == 1 and open_routing and not paused and ARGV[2] == 'one' and ARGV[8] =
     and (prio == '0' or prio == '1' or prio == '2') then
     fast_st = call('HMGET', status, sender, rcpt)
     local ss, rs = fast_st[1], fast_st[2]
-    if ss and rs and ss ~= 'failed' and ss ~= 'cancelled'
+    local ok = open_routing
+    if family and ss and rs then
+      fast_pa = call('HMGET', parents, sender, rcpt)
+      local _
+      _, ok = reach(sender, fast_pa[1] or '', rcpt, fast_pa[2] or '')
+    end
+    if ok and ss and rs and ss ~= 'failed' and ss ~= 'cancelled'
       and rs ~= 'failed' and rs ~= 'cancelled' and rs ~= 'lost' then
       local sf, pf, bf = 's\n' .. sender, 'p\n' .. sender .. '\n' .. rcpt, 'b\n' .. rcpt
       local df = false
@@ -204,6 +219,11 @@ local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to w
 local sent_any = false
 if fast_st then -- what the fast path read before it stepped aside
   status_of[ARGV[1]], status_of[ARGV[3]] = fast_st[1] or false, fast_st[2] or false
+  if fast_pa then
+    parent_of[ARGV[1]], parent_of[ARGV[3]] = fast_pa[1] or false, fast_pa[2] or false
+  elseif family then -- statuses known, parents not: let the general loop read both
+    status_of[ARGV[1]], status_of[ARGV[3]] = nil, nil
+  end
   if fast_vals then
     for i = 1, #fast_fields do cached[fast_fields[i]] = fast_vals[i] or false end
     depth_of[ARGV[3]] = fast_depth
@@ -230,16 +250,6 @@ local function members(names, with_parents)
   if not with_parents then return end
   local pa = call('HMGET', parents, unpack(need))
   for i = 1, n do parent_of[need[i]] = pa[i] or false end
-end
-
--- may the sender (whose parent is sp) reach `name` (whose parent is `np`)? relation, allowed
-local function reach(sender, sp, name, np)
-  local rel = 'member'
-  if np == sender then rel = 'child'
-  elseif name == sp and sp ~= '' then rel = 'parent'
-  elseif np == sp then rel = 'sibling' end
-  if open_routing or rel == 'child' or rel == 'parent' then return rel, true end
-  return rel, rel == 'sibling' and siblings
 end
 
 -- each message in order; a refusal ends that message's turn (break) with its reply
