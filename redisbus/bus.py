@@ -142,8 +142,9 @@ class _IO:
     def scripts_raw(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
     ) -> builtins.list[Any]:
-        """Script calls in one pipeline, not retried (sends); a failed call's slot holds its
-        typed error instead of raising. Calls refused for a lost script cache are rerun."""
+        """Script calls in one round trip (on the lane when it is free, else a redis-py
+        pipeline), not retried (sends); a failed call's slot holds its typed error instead of
+        raising. Calls refused for a lost script cache are rerun."""
         if self.cluster:
             out: builtins.list[Any] = []
             for n, k, a in calls:
@@ -152,11 +153,14 @@ class _IO:
                 except RedisbusError as e:
                     out.append(e)
             return out
-        pipe = self.r.pipeline(transaction=False)
-        for n, k, a in calls:
-            pipe.evalsha(self.load(n), len(k), *k, *a)
+        commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
         try:
-            raw = pipe.execute(raise_on_error=False)
+            raw = Lane.BUSY if self.lane is None else self.lane.run_many(commands)
+            if raw is Lane.BUSY:
+                pipe = self.r.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                raw = pipe.execute(raise_on_error=False)
         except (rx.RedisError, rx.RedisClusterException, OSError) as e:
             raise classify(e)[1] from e
         out = []
