@@ -30,6 +30,7 @@ from ._model import (
     WaitKind,
     id_ms,
     ms_to_dt,
+    queued_receipt,
 )
 from ._settings import BusSettings
 from ._signing import Signer
@@ -370,14 +371,14 @@ def parse_send(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt]:
     kind = int(reply[0])
     if kind == 1 and plan.mode == "one":  # accepted: {1, id, name}
         entry_id = reply[1]
-        return Receipt(entry_id, reply[2], "queued", None, ms_to_dt(id_ms(entry_id)))
+        return queued_receipt(entry_id, reply[2], ms_to_dt(id_ms(entry_id)))
     if kind == 0:
         _, code, message, limit, current, retry_ms = reply
         raise refusal(str(code), str(message), str(limit), str(current), str(retry_ms))
     entry_id = reply[1] or None
     accepted = list(reply[2])
     queued = ms_to_dt(id_ms(entry_id)) if entry_id else None
-    receipts = [Receipt(id=entry_id, to=n, status="queued", queued_at=queued) for n in accepted]
+    receipts = [queued_receipt(entry_id, n, queued) for n in accepted]
     if kind == 1:
         flat = list(reply[3])
         for i in range(0, len(flat), 6):

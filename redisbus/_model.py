@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal, cast
 
 from ._errors import RedisbusError
 
@@ -118,6 +118,24 @@ class Receipt:
             "read_at": iso(self.read_at),
             "done_at": iso(self.done_at),
         }
+
+
+class _OpenReceipt:
+    """Receipt's slots without the frozen guard: see ``queued_receipt``."""
+
+    __slots__ = Receipt.__slots__
+
+
+def queued_receipt(entry_id: str | None, to: str, queued_at: datetime | None) -> Receipt:
+    """A new "queued" receipt, made about four times faster than ``Receipt(...)``: a frozen
+    dataclass sets each of its ten fields through ``object.__setattr__``, and a send or a
+    broadcast makes one per recipient. Filled in on a twin with the same slots, then given
+    Receipt's class: the result is an ordinary (frozen, equal, hashable) Receipt."""
+    r: Any = _OpenReceipt()
+    r.id, r.to, r.status, r.error, r.queued_at = entry_id, to, "queued", None, queued_at
+    r.delivered_at = r.read_at = r.done_at = r.result = r.durable = None
+    object.__setattr__(r, "__class__", Receipt)
+    return cast(Receipt, r)
 
 
 @dataclass(frozen=True, slots=True)
