@@ -237,6 +237,8 @@ def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> list[bytes]:
     in Python first); what hiredis cannot encode, the connection packs."""
     if _hiredis_pack is not None:
         try:
+            if len(commands) == 1:  # the hot path: one script call
+                return [_hiredis_pack(commands[0])]
             return [b"".join(_hiredis_pack(c) for c in commands)]
         except TypeError:
             pass
@@ -302,20 +304,9 @@ class Lane:
         try:
             if self.sock is None or self.poller.poll(0):
                 self._open()
-            sock, reader, buf = self.sock, self.reader, self.buf
             try:
-                try:
-                    packed = _hiredis_pack(args)
-                except TypeError:
-                    packed = _pack(self.conn, [args])[0]
-                _sendall(sock, packed)
-                reply = False
-                while reply is False:
-                    n = sock.recv_into(buf)
-                    if not n:
-                        raise rx.ConnectionError("Connection closed by server.")
-                    reader.feed(buf, 0, n)
-                    reply = reader.gets()
+                _sendall(self.sock, b"".join(_pack(self.conn, [args])))
+                reply = self._reply()
             except BaseException as e:
                 self._fail(e)
         finally:
@@ -334,24 +325,24 @@ class Lane:
         try:
             if self.sock is None or self.poller.poll(0):
                 self._open()
-            sock, reader, buf = self.sock, self.reader, self.buf
             try:
-                _sendall(sock, _pack(self.conn, commands)[0])
-                out: list[Any] = []
-                for _ in commands:
-                    reply = reader.gets()
-                    while reply is False:
-                        n = sock.recv_into(buf)
-                        if not n:
-                            raise rx.ConnectionError("Connection closed by server.")
-                        reader.feed(buf, 0, n)
-                        reply = reader.gets()
-                    out.append(reply)
-                return out
+                _sendall(self.sock, b"".join(_pack(self.conn, commands)))
+                return [self._reply() for _ in commands]
             except BaseException as e:
                 self._fail(e)
         finally:
             self.lock.release()
+
+    def _reply(self) -> Any:
+        """The next reply on the socket (an error reply as its exception, not raised)."""
+        reader, reply = self.reader, self.reader.gets()
+        while reply is False:
+            n = self.sock.recv_into(self.buf)
+            if not n:
+                raise rx.ConnectionError("Connection closed by server.")
+            reader.feed(self.buf, 0, n)
+            reply = reader.gets()
+        return reply
 
     def _fail(self, e: BaseException) -> NoReturn:
         """Drop the connection (its replies can no longer be matched to requests) and raise:

@@ -118,6 +118,28 @@ local function bucket(v, burst, per_s)
   return true, tokens - 1, 0
 end
 
+-- Append the message at ARGV offset `base` to the stream, addressed to `to` (names joined by
+-- "\n"), at reply-chain `depth`: the entry's one-letter fields, the optional ones only when
+-- set. Returns the entry id.
+local function append(base, to, depth, broadcast)
+  local subject, mtype, prio = ARGV[base + 4], ARGV[base + 6], ARGV[base + 7]
+  local reply_to, ttl, ikey = ARGV[base + 8], ARGV[base + 9], ARGV[base + 10]
+  local trace, sig, sig_ts = ARGV[base + 11], ARGV[base + 12], ARGV[base + 13]
+  local f, n = {'f', ARGV[base + 1], 't', to, 'b', ARGV[base + 5]}, 6
+  if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
+  if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
+  if prio ~= '0' then f[n + 1], f[n + 2], n = 'p', prio, n + 2 end
+  if reply_to ~= '' then f[n + 1], f[n + 2], n = 'r', reply_to, n + 2 end
+  if depth > 0 then f[n + 1], f[n + 2], n = 'd', tostring(depth), n + 2 end
+  if ttl ~= '' then f[n + 1], f[n + 2], n = 'x', ttl, n + 2 end
+  if ikey ~= '' then f[n + 1], f[n + 2], n = 'i', ikey, n + 2 end
+  if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
+  if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
+  if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
+  if broadcast then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
+  return call('XADD', stream, '*', unpack(f, 1, n))
+end
+
 -- ping-pong dampener "turns at_ms last_sender" of the pair: the turns this send would make
 local function dampened(v, name)
   if not v then return 0 end
@@ -181,19 +203,8 @@ if count == 1 and not paused and ARGV[2] == 'one' and ARGV[8] == '' and ARGV[10]
         local s_ok, s_tokens = bucket(fast_vals[1], snd_burst, snd_rate)
         if p_ok and s_ok then
           -- accepted: append, then count (as the general loop and its flush would)
-          local f = {'f', sender, 't', rcpt, 'b', body}
-          local n = 6
-          if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
-          if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
-          if prio ~= '0' then f[n + 1], f[n + 2], n = 'p', prio, n + 2 end
-          local ttl, trace, sig, sig_ts = ARGV[9], ARGV[11], ARGV[12], ARGV[13]
-          if ttl ~= '' then f[n + 1], f[n + 2], n = 'x', ttl, n + 2 end
-          if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
-          if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
-          if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
-          local id = call('XADD', stream, '*', unpack(f, 1, n))
-          local kv = {'#sent', tostring(sent + 1)}
-          n = 2
+          local id = append(0, rcpt, 0, false)
+          local kv, n = {'#sent', tostring(sent + 1)}, 2
           if p_tokens then kv[n + 1], kv[n + 2], n = pf, p_tokens .. ' ' .. now_s, n + 2 end
           if s_tokens then kv[n + 1], kv[n + 2], n = sf, s_tokens .. ' ' .. now_s, n + 2 end
           if df then
@@ -306,8 +317,7 @@ for item = 1, count do
   repeat
     local sender, mode, rcpt_arg = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
     local subject, body, mtype, prio = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6], ARGV[base + 7]
-    local reply_to, ttl, ikey = ARGV[base + 8], ARGV[base + 9], ARGV[base + 10]
-    local trace, sig, sig_ts = ARGV[base + 11], ARGV[base + 12], ARGV[base + 13]
+    local reply_to, ikey = ARGV[base + 8], ARGV[base + 10]
     local one = mode == 'one'
 
     -- text rules: printable (no C0/C1 control characters), at most max_name characters
@@ -616,20 +626,7 @@ for item = 1, count do
       depth_dirty[name] = true
     end
     local to = na == 1 and accepted[1] or table.concat(accepted, '\n', 1, na)
-    local f = {'f', sender, 't', to, 'b', body}
-    local n = 6
-    if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
-    if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
-    if prio ~= '0' then f[n + 1], f[n + 2], n = 'p', prio, n + 2 end
-    if reply_to ~= '' then f[n + 1], f[n + 2], n = 'r', reply_to, n + 2 end
-    if depth > 0 then f[n + 1], f[n + 2], n = 'd', tostring(depth), n + 2 end
-    if ttl ~= '' then f[n + 1], f[n + 2], n = 'x', ttl, n + 2 end
-    if ikey ~= '' then f[n + 1], f[n + 2], n = 'i', ikey, n + 2 end
-    if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
-    if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
-    if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
-    if mode == 'all' then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
-    local id = call('XADD', stream, '*', unpack(f, 1, n))
+    local id = append(base, to, depth, mode == 'all')
     sent_any = true
     if ifield then
       local v = id .. '\t' .. to
