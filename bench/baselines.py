@@ -23,6 +23,7 @@ from bench.common import (
     body_ts,
     latency_metrics,
     pubsub_phases,
+    settle_heap,
     used_memory,
 )
 
@@ -183,6 +184,7 @@ def sleep_until(deadline: float) -> None:
 def _raw_sender(url: str, stream: str, n: int, rate: float, ready: Event, go: Event) -> None:
     r = redis.Redis.from_url(url)
     r.ping()
+    settle_heap()
     ready.set()
     go.wait(30)
     for deadline in paced(rate, n):
@@ -234,6 +236,7 @@ def raw_xreadgroup_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
     try:
         if not ready.wait(30):
             raise RuntimeError("sender process did not start")
+        settle_heap()
         go.set()
         for _ in receive_until_quiet(proc, n, lambda: len(lat)):
             entries = _read(r, stream, count=100, block=500)

@@ -37,6 +37,7 @@ from bench.common import (
     latency_metrics,
     maybe_await,
     pubsub_phases,
+    settle_heap,
     used_memory,
 )
 
@@ -158,6 +159,7 @@ def _bus_sender(url: str, channel: str, n: int, rate: float, ready: Event, go: E
     bus = Bus.from_url(url)
     try:
         sender = bus.channel(channel, **LIMITS).join("sender")
+        settle_heap()
         ready.set()
         go.wait(30)
         for deadline in paced(rate, n):
@@ -182,6 +184,7 @@ def bus_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
         try:
             if not ready.wait(30):
                 raise RuntimeError("sender process did not start")
+            settle_heap()
             go.set()
             for _ in receive_until_quiet(proc, n, lambda: len(lat)):
                 w = receiver.wait(timeout=0.5)

@@ -81,8 +81,9 @@ class AgentState:
         k = self._keys
         return [("settle", [k.stream, k.inbox, k.marks, k.status], [self.name, *self._deferred])]
 
-    def _result(self, msgs: builtins.list[Message]) -> WaitResult:
-        self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
+    def _result(self, msgs: builtins.list[Message], *, running: bool = False) -> WaitResult:
+        if not running:  # (a fetch's "n" op already set it when it returned messages)
+            self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
         kind = core.wait_kind(self.name, msgs)
         if kind == "cancelled":
             self._cancelled = True
@@ -95,7 +96,12 @@ class AgentState:
         *,
         redelivered: bool = False,
         own: bool = False,
+        marked: bool = False,
     ) -> builtins.list[Message]:
+        """The messages among fetched ``entries`` for this agent; what is left to record about
+        each goes into the deferred settle ops. ``marked``: a fetch's "n" op already marked
+        them read and acknowledged the others' entries, so only what it cannot know is left
+        (control messages, deleted and rejected entries, an expiry seen by the later clock)."""
         out = []
         metrics = self._bus.metrics
         for entry_id, f in entries:
@@ -103,7 +109,8 @@ class AgentState:
                 self._deferred += ["a", entry_id]
                 continue
             if not core.addressed_to(f, self.name):
-                self._deferred += ["a", entry_id]
+                if not marked:
+                    self._deferred += ["a", entry_id]
                 continue
             if core.expired_at(entry_id, f, now_ms):
                 self._deferred += ["x", entry_id]
@@ -126,7 +133,10 @@ class AgentState:
             if msg.type != "control":
                 self._handed.add(entry_id)
             # control messages are consumed on sight; the others become read
-            self._deferred += ["d" if msg.type == "control" else "r", entry_id]
+            if msg.type == "control":
+                self._deferred += ["d", entry_id]
+            elif not marked:
+                self._deferred += ["r", entry_id]
         if out:
             metrics.received(len(out))
             if redelivered:

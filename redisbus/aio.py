@@ -906,7 +906,8 @@ class AsyncAgent(AgentState):
                         self.slots.release()
                         released = True
                 entries, now_ms = await self._fetch(">", block_ms)
-                msgs = self._take(entries, now_ms)
+                msgs = self._take(entries, now_ms, marked=True)
+                fresh = bool(msgs)  # the "n" op behind the fetch set the agent running
                 if (
                     block_ms
                     and not msgs
@@ -923,7 +924,7 @@ class AsyncAgent(AgentState):
                     if not msgs and block_ms >= 1000:
                         msgs = await self._reclaim()
                 if msgs:
-                    return self._result(msgs)
+                    return self._result(msgs, running=fresh)
                 if t == 0:
                     await self.flush()
                     return WaitResult("timeout", [])

@@ -123,17 +123,9 @@ class _IO:
         if self.cluster or len(calls) == 1:
             return [self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
-            shas = [self.load(n) for n, _, _ in calls]
-
-            # execute() spends a pipeline: one per try
-            def run(shas: list[str] = shas) -> Any:
-                pipe = self.r.pipeline(transaction=False)
-                for sha, (_, k, a) in zip(shas, calls, strict=True):
-                    pipe.evalsha(sha, len(k), *k, *a)
-                return pipe.execute()
-
+            commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
             try:
-                return list(self.call(run))
+                return list(self.call(self._on_lane, self.lane, commands))
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
@@ -241,7 +233,7 @@ class _IO:
                         commands.append(("EVALSHA", sha, 4, *settle_keys, *post))
                     commands.append(("TIME",))
                     at = 1 if settle else 0
-                    out = self.call(self._pipeline, commands)
+                    out = self.call(self._on_lane, self.fetch_lane, commands)
                     res, now = _streams(out[at]), out[-1]
                 break
             except RedisbusError as e:
@@ -253,12 +245,14 @@ class _IO:
         entries = res[0][1] if res else []
         return entries, now_ms
 
-    def _pipeline(self, commands: builtins.list[tuple[Any, ...]]) -> builtins.list[Any]:
-        """Raw commands in one round trip: on the fetch lane when it is free, else a redis-py
+    def _on_lane(
+        self, lane: Lane | None, commands: builtins.list[tuple[Any, ...]]
+    ) -> builtins.list[Any]:
+        """Raw commands in one round trip: on ``lane`` when it is free, else a redis-py
         pipeline (spent on each try). The first error reply raises."""
         out: Any = Lane.BUSY
-        if self.fetch_lane is not None:
-            out = self.fetch_lane.run_many(commands)
+        if lane is not None:
+            out = lane.run_many(commands)
         if out is Lane.BUSY:
             pipe = self.r.pipeline(transaction=False)
             for c in commands:
@@ -896,7 +890,8 @@ class Agent(AgentState):
                         self.slots.release()
                         released = True
                 entries, now_ms = self._fetch(">", block_ms)
-                msgs = self._take(entries, now_ms)
+                msgs = self._take(entries, now_ms, marked=True)
+                fresh = bool(msgs)  # the "n" op behind the fetch set the agent running
                 if (
                     block_ms
                     and not msgs
@@ -913,7 +908,7 @@ class Agent(AgentState):
                     if not msgs and block_ms >= 1000:
                         msgs = self._reclaim()
                 if msgs:
-                    return self._result(msgs)
+                    return self._result(msgs, running=fresh)
                 if t == 0:
                     self.flush()
                     return WaitResult("timeout", [])

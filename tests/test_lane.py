@@ -290,3 +290,65 @@ async def test_async_cancelled_lone_send_does_not_take_queued_sends_with_it(
         bodies = [m.body for m in await b.read(limit=10)]
         assert bodies[0] == "first" and bodies[-3:] == ["queued-0", "queued-1", "queued-2"]
         assert {m.id for m in await b.read(filter_by="all", limit=10)} >= {r.id for r in receipts}
+
+
+def _scripts_run(r: redis.Redis, sha: dict[str, str]) -> list[str]:
+    """The script calls the server logged since the last SLOWLOG RESET (oldest first), by
+    name, with the settle op each settle call starts with."""
+    names = {v: k for k, v in sha.items()}
+    out = []
+    for entry in reversed(r.slowlog_get(1000)):
+        cmd = [c.decode() if isinstance(c, bytes) else str(c) for c in entry["command"].split()]
+        if cmd[0].upper() == "EVALSHA":
+            name = names.get(cmd[1], cmd[1])
+            out.append(f"settle {cmd[3 + int(cmd[2]) + 1]}" if name == "settle" else name)
+    return out
+
+
+@pytest.fixture
+def logged(tmp_path: Any) -> Any:
+    """A private server that logs every command in its slow log."""
+    from tests.servers import start_server
+
+    srv = start_server("redis7", tmp_path, ["--slowlog-log-slower-than", "0"])
+    yield srv
+    srv.stop()
+
+
+WAKE_UP = ["settle s", "settle n", "done"]  # "waiting" before the read, read marks after, done
+
+
+def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
+    # given: a receiver that has been through one wait() / mark_done() cycle
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-cycle", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "warm up")
+        b.mark_done(b.wait(timeout=1).messages)
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: it waits for the next message and marks it done
+        got = b.wait(timeout=1).messages
+        b.mark_done(got)
+        # then: the fetch's own ops marked it read and set the agent running, so nothing was
+        # left for mark_done to write first (no second settle call re-marking the same entry)
+        assert [m.body for m in got] == ["hello"]
+        assert _scripts_run(r, bus._io.sha) == WAKE_UP
+        assert b.receipt(got[0])[0].status == "done"
+
+
+async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
+    r = logged.client()
+    async with AsyncBus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = await bus.channel("alane-cycle", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "warm up")
+        await b.mark_done((await b.wait(timeout=1)).messages)
+        await a.send("b", "hello")
+        r.slowlog_reset()
+        got = (await b.wait(timeout=1)).messages
+        await b.mark_done(got)
+        assert [m.body for m in got] == ["hello"]
+        assert _scripts_run(r, bus._io.sha) == WAKE_UP
+        assert (await b.receipt(got[0]))[0].status == "done"
