@@ -7,7 +7,9 @@
 {prefix}:{<channel>}:st      hash: agent name -> status
 {prefix}:{<channel>}:ids     hash: agent id -> agent name
 {prefix}:{<channel>}:inbox   hash: agent name -> undone messages addressed to it
-{prefix}:{<channel>}:rate    hash: token buckets ("s\\nSENDER", "p\\nSENDER\\nRECIPIENT")
+{prefix}:{<channel>}:rate    hash: token buckets ("s\\nSENDER", "p\\nSENDER\\nRECIPIENT"),
+                             breakers, dampeners, "#sent"; "#table", a long value that keeps
+                             Redis from storing the hash as a list (a scan per field)
 {prefix}:{<channel>}:idem    hash: "SENDER\\nKEY" -> "id\\trecipients"
 {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
 {prefix}:{<channel>}:dlq     stream of dead letters

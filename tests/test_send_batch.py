@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from typing import Any
 
+import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,3 +167,75 @@ def test_the_test_double_runs_batches_too() -> None:
         out = a.send_many([("b", f"m{i}") for i in range(150)])
         assert [r.status for r in out].count("queued") == 120
         assert len(b.read(limit=200)) == 120
+
+
+# --- a broadcast on a channel of dozens: every hash read whole, every recipient checked ----
+
+
+@pytest.fixture
+def private(tmp_path: Any) -> Any:
+    """A server of this test's own, so its command counts are this test's alone."""
+    from tests.servers import start_server
+
+    srv = start_server("redis7", tmp_path)
+    yield srv
+    srv.stop()
+
+
+def _big_channel(bus: Bus, name: str) -> tuple[Any, dict[str, Any]]:
+    """40 members and a sender: a00-a09 with full inboxes, a10-a14 with the sender's pair
+    bucket spent (their inboxes empty), the rest free."""
+    ch = bus.channel(
+        name,
+        routing="open",
+        inbox_cap=3,
+        pair_rate_burst=3,
+        pair_rate_per_s=0.001,
+        sender_rate_burst=0,
+    )
+    s, t = ch.join("s"), ch.join("t")
+    agents = {f"a{i:02}": ch.join(f"a{i:02}") for i in range(40)}
+    for i in range(10):
+        for _ in range(3):
+            t.send(f"a{i:02}", "fill")
+    for i in range(10, 15):
+        for _ in range(3):
+            s.send(f"a{i:02}", "spend")
+        agents[f"a{i:02}"].mark_done(agents[f"a{i:02}"].read(limit=10))
+    return ch, {"s": s, "t": t, **agents}
+
+
+def test_a_broadcast_to_dozens_checks_each_recipient(private: Server) -> None:
+    # given: a channel of 42 whose members are full, rate-limited or free
+    r = private.client()
+    with Bus.from_url(private.url) as bus:
+        ch, members = _big_channel(bus, "bc-big")
+        before = ch.counts()
+        r.config_resetstat()
+        # when: the sender broadcasts
+        receipts = members["s"].send("all", "to everyone")
+        stats = r.info("commandstats")
+        # then: each recipient got exactly the outcome its own limits give
+        got = {rc.to: (rc.status, rc.error.code if rc.error else "") for rc in receipts}
+        full = {f"a{i:02}" for i in range(10)}
+        spent = {f"a{i:02}" for i in range(10, 15)}
+        assert set(got) == set(members) - {"s"}
+        for name, outcome in got.items():
+            if name in full:
+                assert outcome == ("rejected", "inbox_full"), name
+            elif name in spent:
+                assert outcome == ("rejected", "rate_limited"), name
+            else:
+                assert outcome == ("queued", ""), name
+        after = ch.counts()
+        assert {n: after.get(n, 0) - before.get(n, 0) for n in got} == {
+            n: int(got[n][0] == "queued") for n in got
+        }
+        assert {n: c for n, c in after.items() if c} == stream_inbox_counts(r, ch)
+        # and it read the members' hashes whole (one HGETALL each: parents, status, inbox and
+        # the rate hash) instead of naming a hundred fields in HMGETs, each a scan of a hash
+        # Redis keeps as a list
+        assert stats["cmdstat_hgetall"]["calls"] == 4
+        assert stats.get("cmdstat_hmget", {"calls": 0})["calls"] <= 1  # the sender's status
+        # and the rate hash is a hash table (its '#table' field), not a list to scan
+        assert r.object("encoding", ch.keys.rate) == "hashtable"

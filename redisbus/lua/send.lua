@@ -92,6 +92,14 @@ if not cfg then
     f[15] == '1' and 1 or 0)
   new_cfg = cfg
 end
+-- With the limits cached, the rate hash gets its '#table' field: a value longer than Redis'
+-- hash-max-listpack-value (64 bytes by default) keeps the hash a hash table. Kept as a list
+-- (up to 128 fields), every field a broadcast writes would be a scan of the whole hash.
+local function store_cfg()
+  call('SET', lim, new_cfg)
+  call('HSET', rate, '#table',
+    'over 64 bytes, so Redis keeps this hash a table: one lookup per field, not a scan of all')
+end
 local routing, sib, inbox_cap, max_body, max_name, pair_burst, pair_rate, snd_burst, snd_rate,
   max_chain, max_msgs, dampen_turns, dampen_window, deny_list, paused_flag = unpack_cfg(cfg)
 local paused = paused_flag == 1
@@ -103,14 +111,32 @@ local family = not open_routing
 local t = call('TIME')
 local now = t[1] * 1000 + floor(t[2] / 1000)
 local now_s = now .. '' -- converted once: number to string is one of Lua's slower steps
+-- the same numbers recur across a broadcast's recipients (full buckets, equal inbox depths):
+-- each is converted once per call
+local digits, bucket_values = {}, {}
+local function str(n)
+  local s = digits[n]
+  if not s then s = n .. ''; digits[n] = s end
+  return s
+end
+local function bucket_value(tokens) -- "tokens now_ms"
+  local s = bucket_values[tokens]
+  if not s then s = tokens .. ' ' .. now_s; bucket_values[tokens] = s end
+  return s
+end
 
--- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written)
+-- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written). The
+-- last value parsed is kept: a broadcast's pair buckets, written in one call, hold one value.
+local seen_v, seen_tk, seen_last = nil, 0, 0
 local function bucket(v, burst, per_s)
   if burst <= 0 or per_s <= 0 then return true, nil, 0 end
   local tokens = burst
   if v then
-    local tk, last = match(v, '^(%S+) (%S+)$')
-    tokens = min(burst, tk + (now > last + 0 and now - last or 0) * per_s / 1000)
+    if v ~= seen_v then
+      local tk, last = match(v, '^(%S+) (%S+)$')
+      seen_v, seen_tk, seen_last = v, tonumber(tk), tonumber(last)
+    end
+    tokens = min(burst, seen_tk + (now > seen_last and now - seen_last or 0) * per_s / 1000)
   end
   if tokens < 1 then
     return false, tokens, ceil((1 - tokens) * 1000 / per_s)
@@ -205,15 +231,15 @@ if count == 1 and not paused and ARGV[2] == 'one' and ARGV[8] == '' and ARGV[10]
           -- accepted: append, then count (as the general loop and its flush would)
           local id = append(0, rcpt, 0, false)
           local kv, n = {'#sent', tostring(sent + 1)}, 2
-          if p_tokens then kv[n + 1], kv[n + 2], n = pf, p_tokens .. ' ' .. now_s, n + 2 end
-          if s_tokens then kv[n + 1], kv[n + 2], n = sf, s_tokens .. ' ' .. now_s, n + 2 end
+          if p_tokens then kv[n + 1], kv[n + 2], n = pf, bucket_value(p_tokens), n + 2 end
+          if s_tokens then kv[n + 1], kv[n + 2], n = sf, bucket_value(s_tokens), n + 2 end
           if df then
             kv[n + 1], kv[n + 2], n = df, (turns == 0 and '0' or turns) .. ' ' .. now_s
               .. ' ' .. sender, n + 2
           end
           call('HSET', rate, unpack(kv, 1, n))
           call('HSET', inbox, rcpt, (fast_depth + 1) .. '')
-          if new_cfg then call('SET', lim, new_cfg) end
+          if new_cfg then store_cfg() end
           return {1, id, rcpt}
         end
       end
@@ -228,6 +254,7 @@ local status_of, parent_of = {}, {} -- member -> status / parent name, false: no
 local depth_of, depth_dirty = {}, {} -- inbox depth now (read, plus this call's); to write
 local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to write (lazy)
 local sent_any = false
+local whole = false -- every member's status and inbox depth read (by a broadcast)
 if fast_st then -- what the fast path read before it stepped aside
   status_of[ARGV[1]], status_of[ARGV[3]] = fast_st[1] or false, fast_st[2] or false
   if fast_pa then
@@ -261,6 +288,22 @@ local function members(names, with_parents)
   if not with_parents then return end
   local pa = call('HMGET', parents, unpack(need))
   for i = 1, n do parent_of[need[i]] = pa[i] or false end
+end
+
+-- Read rate fields into `cached`: by name, or (many fields of a hash Redis still keeps as a
+-- list, where each name is a scan of it all) the whole hash at once.
+local function rate_fields(fields, nf)
+  if nf > 16 and call('HLEN', rate) <= 128 then
+    local want = {}
+    for i = 1, nf do want[fields[i]] = true; cached[fields[i]] = false end
+    local flat = call('HGETALL', rate)
+    for i = 1, #flat, 2 do
+      if want[flat[i]] then cached[flat[i]] = flat[i + 1] end
+    end
+    return
+  end
+  local vals = call('HMGET', rate, unpack(fields, 1, nf))
+  for i = 1, nf do cached[fields[i]] = vals[i] or false end
 end
 
 -- each message in order; a refusal ends that message's turn (break) with its reply
@@ -301,10 +344,9 @@ if count > 1 then
     end
   end
   members(names, family)
-  local vals = call('HMGET', rate, unpack(fields, 1, nf))
-  for i = 1, nf do cached[fields[i]] = vals[i] or false end
+  rate_fields(fields, nf)
   if nd > 0 then
-    vals = call('HMGET', inbox, unpack(depths, 1, nd))
+    local vals = call('HMGET', inbox, unpack(depths, 1, nd))
     for i = 1, nd do depth_of[depths[i]] = tonumber(vals[i] or '0') end
   end
 end
@@ -447,6 +489,19 @@ for item = 1, count do
     if mode == 'all' then
       local flat = call('HGETALL', parents)
       for i = 1, #flat, 2 do parent_of[flat[i]] = flat[i + 1] end
+      if not whole then
+        -- every member's status and inbox depth, each hash read whole: up to 128 fields Redis
+        -- keeps a hash as a list, where every field named in an HMGET is a scan of it all
+        whole = true
+        local st = call('HGETALL', status)
+        for i = 1, #st, 2 do
+          if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
+        end
+        local ib = call('HGETALL', inbox)
+        for i = 1, #ib, 2 do
+          if depth_of[ib[i]] == nil then depth_of[ib[i]] = tonumber(ib[i + 1]) end
+        end
+      end
       sp = parent_of[sender] or ''
       local groups = {parent = {}, sibling = {}, child = {}, member = {}}
       for i = 1, #flat, 2 do
@@ -523,17 +578,16 @@ for item = 1, count do
         if cached[pf] == nil then nf = nf + 1; fields[nf] = pf; cached[pf] = false end
         if cached[bf] == nil then nf = nf + 1; fields[nf] = bf; cached[bf] = false end
         if df and cached[df] == nil then nf = nf + 1; fields[nf] = df; cached[df] = false end
-        if depth_of[name] == nil then
+        if depth_of[name] == nil and whole then
+          depth_of[name] = 0 -- the whole hash was read: no field, no messages
+        elseif depth_of[name] == nil then
           if not need_depth then need_depth = {} end
           nd = nd + 1
           need_depth[nd] = name
           depth_of[name] = 0
         end
       end
-      if nf > 0 then
-        local vals = call('HMGET', rate, unpack(fields, 1, nf))
-        for i = 1, nf do cached[fields[i]] = vals[i] or false end
-      end
+      if nf > 0 then rate_fields(fields, nf) end
       if nd > 0 then
         local vals = call('HMGET', inbox, unpack(need_depth, 1, nd))
         for i = 1, nd do depth_of[need_depth[i]] = tonumber(vals[i] or '0') end
@@ -584,7 +638,7 @@ for item = 1, count do
           na = na + 1
           accepted[na] = name
           if tokens then
-            writes[nw + 1], writes[nw + 2] = pf, tokens .. ' ' .. now_s
+            writes[nw + 1], writes[nw + 2] = pf, bucket_value(tokens)
             nw = nw + 2
           end
           if df then
@@ -617,7 +671,7 @@ for item = 1, count do
     cached['#sent'] = tostring((tonumber(cached['#sent'] or '0') or 0) + 1)
     dirty['#sent'] = true
     if s_tokens then
-      cached[sfield] = s_tokens .. ' ' .. now_s
+      cached[sfield] = bucket_value(s_tokens)
       dirty[sfield] = true
     end
     for i = 1, na do
@@ -647,9 +701,9 @@ if sent_any then
   for field in pairs(dirty) do kv[n + 1], kv[n + 2], n = field, cached[field], n + 2 end
   call('HSET', rate, unpack(kv, 1, n))
   kv, n = {}, 0
-  for name in pairs(depth_dirty) do kv[n + 1], kv[n + 2], n = name, depth_of[name] .. '', n + 2 end
+  for name in pairs(depth_dirty) do kv[n + 1], kv[n + 2], n = name, str(depth_of[name]), n + 2 end
   call('HSET', inbox, unpack(kv, 1, n))
   if idem_new and #idem_new > 0 then call('HSET', idem, unpack(idem_new)) end
-  if new_cfg then call('SET', lim, new_cfg) end
+  if new_cfg then store_cfg() end
 end
 return out or result
