@@ -6,6 +6,7 @@ exception into "retry after backoff", "reload scripts" or a typed redisbus error
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import select
@@ -271,14 +272,7 @@ class Lane:
         self.poller: Any = None
         self.buf = bytearray(65536)
         _LANES.add(self)
-        kw = self.pool.connection_kwargs
-        self.reader_kw: dict[str, Any] = {
-            "protocolError": rx.InvalidResponse,
-            "replyError": _reply_error,
-            "errors": kw.get("encoding_errors", "strict"),
-        }
-        if kw.get("decode_responses"):
-            self.reader_kw["encoding"] = kw.get("encoding", "utf-8")
+        self.reader_kw = _reader_kw(self.pool)
 
     @staticmethod
     def usable(client: Any) -> bool:
@@ -408,6 +402,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_lanes)
 
 
+def _reader_kw(pool: Any) -> dict[str, Any]:
+    """A hiredis reader's settings for the pool's connections: its decoding, and error
+    replies handed over as redis-py's exception types."""
+    kw = pool.connection_kwargs
+    out: dict[str, Any] = {
+        "protocolError": rx.InvalidResponse,
+        "replyError": _reply_error,
+        "errors": kw.get("encoding_errors", "strict"),
+    }
+    if kw.get("decode_responses"):
+        out["encoding"] = kw.get("encoding", "utf-8")
+    return out
+
+
 def _reply_error(message: str) -> rx.ResponseError:
     """An error reply as the exception redis-py would raise for it (NOSCRIPT, READONLY, ...):
     the hiredis reader hands it over instead of raising, and ``run_many`` keeps it in its slot."""
@@ -429,6 +437,10 @@ class AsyncLane:
         self.pool = client.connection_pool
         self.conn: Any = None
         self.lock: Any = None  # an asyncio.Lock, made in the loop that first uses the lane
+        # replies are parsed by a hiredis reader of the lane's own, fed from the stream (one
+        # timeout per batch), skipping redis.asyncio's reply layers
+        self.reader: Any = None
+        self.reader_kw = _reader_kw(self.pool) if _hiredis is not None else None
 
     @staticmethod
     def usable(client: Any) -> bool:
@@ -447,8 +459,6 @@ class AsyncLane:
     async def run_many(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send ``commands`` in one write and return their replies in order; an error reply
         (``ResponseError``) sits in its slot. Connection trouble raises."""
-        import asyncio
-
         if self.lock is None:
             self.lock = asyncio.Lock()
         async with self.lock:
@@ -458,6 +468,8 @@ class AsyncLane:
                 conn = None
             if conn is None:
                 conn = self.conn = await self.pool.get_connection()
+                if self.reader_kw is not None:
+                    self.reader = _hiredis.Reader(**self.reader_kw)
             try:
                 # written straight to the stream: send_packed_command wraps the drain in
                 # wait_for, which costs a task and two loop turns per batch; the reads below
@@ -465,16 +477,39 @@ class AsyncLane:
                 writer = conn._writer
                 writer.writelines(_pack(conn, commands))
                 await writer.drain()
-                out: list[Any] = []
-                for _ in commands:
-                    try:
-                        out.append(await conn.read_response())
-                    except rx.ResponseError as e:
-                        out.append(e)
-                return out
+                if self.reader is None:
+                    out: list[Any] = []
+                    for _ in commands:
+                        try:
+                            out.append(await conn.read_response())
+                        except rx.ResponseError as e:
+                            out.append(e)
+                    return out
+                timeout = conn.socket_timeout
+                if not timeout:
+                    return await self._replies(conn._reader, len(commands))
+                try:
+                    async with asyncio.timeout(timeout):
+                        return await self._replies(conn._reader, len(commands))
+                except TimeoutError as e:
+                    raise rx.TimeoutError("Timeout reading from socket") from e
             except BaseException:
                 await self._drop(nowait=True)
                 raise
+
+    async def _replies(self, stream: Any, n: int) -> list[Any]:
+        """The next ``n`` replies on the stream (error replies as their exceptions)."""
+        reader, out = self.reader, []
+        for _ in range(n):
+            reply = reader.gets()
+            while reply is False:
+                data = await stream.read(65536)
+                if not data:
+                    raise rx.ConnectionError("Connection closed by server.")
+                reader.feed(data)
+                reply = reader.gets()
+            out.append(reply)
+        return out
 
     @staticmethod
     def _clean(conn: Any) -> bool:
@@ -484,7 +519,7 @@ class AsyncLane:
         return not getattr(reader, "_buffer", b"")
 
     async def _drop(self, nowait: bool = False) -> None:
-        conn, self.conn = self.conn, None
+        conn, self.conn, self.reader = self.conn, None, None
         if conn is not None:
             try:
                 await conn.disconnect(nowait=nowait)
