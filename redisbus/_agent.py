@@ -103,40 +103,42 @@ class AgentState:
         them read and acknowledged the others' entries, so only what it cannot know is left
         (control messages, deleted and rejected entries, an expiry seen by the later clock)."""
         out = []
-        metrics = self._bus.metrics
+        bus, name, channel, deferred = self._bus, self.name, self.channel.name, self._deferred
+        metrics, signer = bus.metrics, bus._signer
+        if signer is not None and not signer.enabled:
+            signer = None
         for entry_id, f in entries:
             if f is None:  # deleted while pending
-                self._deferred += ["a", entry_id]
+                deferred += ["a", entry_id]
                 continue
-            if not core.addressed_to(f, self.name):
+            to = f.get("t")
+            if not to or (to != name and name not in to.split("\n")):  # not for this agent
                 if not marked:
-                    self._deferred += ["a", entry_id]
+                    deferred += ["a", entry_id]
                 continue
-            if core.expired_at(entry_id, f, now_ms):
-                self._deferred += ["x", entry_id]
+            if "x" in f and core.expired_at(entry_id, f, now_ms):
+                deferred += ["x", entry_id]
                 continue
             if own and entry_id in self._handed:
                 continue  # this handle already returned it
-            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
-            if ok is False and self._bus.settings.unsigned == "reject":
-                self._deferred += ["a", entry_id]  # forged or unsigned: never handed over
+            ok = None if signer is None else signer.verify(channel, f)
+            if ok is False and bus.settings.unsigned == "reject":
+                deferred += ["a", entry_id]  # forged or unsigned: never handed over
                 log.warning(
-                    "redisbus: dropped message %s to %s: bad or missing signature",
-                    entry_id,
-                    self.name,
+                    "redisbus: dropped message %s to %s: bad or missing signature", entry_id, name
                 )
                 continue
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
-            msg = core.message_from_fields(self.channel.name, entry_id, f, read=True, verified=ok)
+            msg = core.message_from_fields(channel, entry_id, f, read=True, verified=ok)
             out.append(msg)
-            if msg.type != "control":
-                self._handed.add(entry_id)
             # control messages are consumed on sight; the others become read
             if msg.type == "control":
-                self._deferred += ["d", entry_id]
-            elif not marked:
-                self._deferred += ["r", entry_id]
+                deferred += ["d", entry_id]
+            else:
+                self._handed.add(entry_id)
+                if not marked:
+                    deferred += ["r", entry_id]
         if out:
             metrics.received(len(out))
             if redelivered:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, NamedTuple
 
 from . import _validate as check
@@ -19,6 +20,7 @@ from ._errors import (
 )
 from ._filters import Filter, later_id, parse_filter, parse_since
 from ._model import (
+    _EPOCH,
     MESSAGE_TYPES,
     DeadLetter,
     Member,
@@ -205,26 +207,31 @@ def message_from_fields(
     deliveries: int = 1,
     verified: bool | None = None,
 ) -> Message:
-    ttl = f.get("x")
-    reply_to = f.get("r")
+    # every wake-up makes one of these: one lookup per field, arguments by position (in
+    # Message's field order: id, channel, sender, to, subject, body, type, priority,
+    # reply_to, depth, created_at, ttl_s, read, truncated, idempotency_key, trace, verified,
+    # deliveries; tests/test_model.py checks it against the keyword form)
+    get = f.get
+    to, prio, depth, ttl = get("t"), get("p"), get("d"), get("x")
     return Message(
-        id=entry_id,
-        channel=channel,
-        sender=f.get("f", ""),
-        to=tuple(f.get("t", "").split("\n")) if f.get("t") else (),
-        subject=f.get("s", ""),
-        body=f.get("b", ""),
-        type=f.get("k", "message"),
-        priority=int(f.get("p", "0")) if f.get("p", "0").isdigit() else 0,
-        reply_to=reply_to or None,
-        depth=int(f.get("d", "0")) if f.get("d", "0").isdigit() else 0,
-        created_at=ms_to_dt(id_ms(entry_id)),  # type: ignore[arg-type]
-        ttl_s=float(ttl) if ttl else None,
-        read=read,
-        idempotency_key=f.get("i") or None,
-        trace=f.get("c") or None,
-        verified=verified,
-        deliveries=deliveries,
+        entry_id,
+        channel,
+        get("f", ""),
+        tuple(to.split("\n")) if to else (),
+        get("s", ""),
+        get("b", ""),
+        get("k", "message"),
+        int(prio) if prio and prio.isdigit() else 0,
+        get("r") or None,
+        int(depth) if depth and depth.isdigit() else 0,
+        _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0])),
+        float(ttl) if ttl else None,
+        read,
+        False,
+        get("i") or None,
+        get("c") or None,
+        verified,
+        deliveries,
     )
 
 
@@ -242,11 +249,15 @@ def expired_at(entry_id: str, f: Mapping[str, str], now_ms: int) -> bool:
 
 
 def wait_kind(agent: str, messages: Sequence[Message]) -> WaitKind:
-    if any(m.type == "control" and m.subject == "cancel" for m in messages):
-        return "cancelled"
-    if messages and all(m.type == "outcome" for m in messages):
-        return "outcome"
-    return "message"
+    """The kind of a wait() that returns ``messages``: "cancelled" when any is a cancel,
+    "outcome" when all are outcomes, else "message"."""
+    outcomes = bool(messages)
+    for m in messages:
+        if m.type != "outcome":
+            if m.type == "control" and m.subject == "cancel":
+                return "cancelled"
+            outcomes = False
+    return "outcome" if outcomes else "message"
 
 
 # -- send ---------------------------------------------------------------------------------------

@@ -175,7 +175,8 @@ class _IO:
     ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
         with the deferred ``settle`` ops before it and the "n" op after it (see the sync
-        face): what the fetch returns is marked read before the reply comes back."""
+        face): what the fetch returns is marked read before the reply comes back, and the
+        op's reply carries the clock."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):
@@ -205,13 +206,15 @@ class _IO:
                         pipe.xreadgroup(
                             group, consumer, {keys.stream: cursor}, count=500, block=block_ms
                         )
-                        if post:
+                        if post:  # it replies with the Redis clock too
                             pipe.evalsha(sha, 4, *settle_keys, *post)
-                        pipe.time()
+                        else:
+                            pipe.time()
                         return await pipe.execute()
 
                     out = await self.call(run)
-                    res, now = out[1 if settle else 0], out[-1]
+                    res = out[1 if settle else 0]
+                    now = out[-1][1:] if post else out[-1]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):

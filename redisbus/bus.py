@@ -201,7 +201,8 @@ class _IO:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
         with the deferred ``settle`` ops before it and, with ``mark_after`` (the last entry id
         this consumer fetched before), the "n" op right after it: what the fetch returns is
-        marked read on the server before the reply comes back."""
+        marked read on the server before the reply comes back, and the op's reply carries the
+        clock (else a TIME follows the read)."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):
@@ -229,12 +230,13 @@ class _IO:
                     if block_ms is not None:
                         read += ("BLOCK", block_ms)
                     commands.append((*read, "STREAMS", keys.stream, cursor))
-                    if post:
+                    if post:  # it replies with the Redis clock too
                         commands.append(("EVALSHA", sha, 4, *settle_keys, *post))
-                    commands.append(("TIME",))
-                    at = 1 if settle else 0
+                    else:
+                        commands.append(("TIME",))
                     out = self.call(self._on_lane, self.fetch_lane, commands)
-                    res, now = _streams(out[at]), out[-1]
+                    res = _streams(out[1 if settle else 0])
+                    now = out[-1][1:] if post else out[-1]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):

@@ -316,6 +316,20 @@ def logged(tmp_path: Any) -> Any:
 
 
 WAKE_UP = ["settle s", "settle n", "done"]  # "waiting" before the read, read marks after, done
+#: what wait() sends, in one trip: the "waiting" status, the read, the read marks (whose reply
+#: carries the Redis clock: no TIME of its own)
+WAIT_TRIP = ["EVALSHA", "XREADGROUP", "EVALSHA"]
+
+
+def _sent(r: redis.Redis) -> list[str]:
+    """The commands clients sent since the last SLOWLOG RESET (oldest first), by name: not
+    those scripts ran (logged with no client address)."""
+    out = []
+    for entry in reversed(r.slowlog_get(1000)):
+        name = entry["command"].split()[0].decode().upper()
+        if entry.get("client_address") not in (b"?:0", "?:0") and name != "SLOWLOG":
+            out.append(name)
+    return out
 
 
 def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
@@ -330,6 +344,7 @@ def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
         r.slowlog_reset()
         # when: it waits for the next message and marks it done
         got = b.wait(timeout=1).messages
+        assert _sent(r) == WAIT_TRIP
         b.mark_done(got)
         # then: the fetch's own ops marked it read and set the agent running, so nothing was
         # left for mark_done to write first (no second settle call re-marking the same entry)
@@ -348,6 +363,7 @@ async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server)
         await a.send("b", "hello")
         r.slowlog_reset()
         got = (await b.wait(timeout=1)).messages
+        assert _sent(r) == WAIT_TRIP
         await b.mark_done(got)
         assert [m.body for m in got] == ["hello"]
         assert _scripts_run(r, bus._io.sha) == WAKE_UP

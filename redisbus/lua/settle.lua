@@ -14,7 +14,9 @@
 --        (as "x") when their ttl passed; acknowledge the others (as "a"); when any was read,
 --        set the agent "running" (as "s")
 --
--- returns the number of ops that changed something
+-- returns the number of ops that changed something; a call that starts with an "n" op returns
+-- {that number, seconds, microseconds}: the Redis clock it read, which the fetch needs (the
+-- wait path then sends no TIME of its own)
 --
 -- The wait path sends this around its XREADGROUP in one pipeline: the deferred ops before it,
 -- an "n" op right after it, so the messages a wake-up returns are read at once (receipts and
@@ -74,4 +76,5 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
+if ARGV[2] == 'n' then return {changed, t[1], t[2]} end
 return changed
