@@ -75,6 +75,15 @@ class AgentState:
             if r.error is not None:
                 m.rejected(r.error.code)
 
+    def _count_batch(self, sent: dict[str, int], refused: builtins.list[str]) -> None:
+        """Metrics of a send_many: the messages appended, by type (one update per type), and
+        the refusals, per recipient."""
+        m = self._bus.metrics
+        for type_, n in sent.items():
+            m.sent(type_, n)
+        for code in refused:
+            m.rejected(code)
+
     def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
         if not self._deferred:
             return []

@@ -5,10 +5,10 @@ and the parsing of what it returns. A face only decides *how* to wait on the net
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any, Literal, NamedTuple
+from datetime import datetime, timedelta
+from typing import Any, Literal, NamedTuple, cast
 
 from . import _validate as check
 from ._errors import (
@@ -30,6 +30,7 @@ from ._model import (
     Roster,
     Status,
     WaitKind,
+    _OpenMessage,
     id_ms,
     ms_to_dt,
     queued_receipt,
@@ -207,32 +208,29 @@ def message_from_fields(
     deliveries: int = 1,
     verified: bool | None = None,
 ) -> Message:
-    # every wake-up makes one of these: one lookup per field, arguments by position (in
-    # Message's field order: id, channel, sender, to, subject, body, type, priority,
-    # reply_to, depth, created_at, ttl_s, read, truncated, idempotency_key, trace, verified,
-    # deliveries; tests/test_model.py checks it against the keyword form)
+    # Every wake-up makes one of these: one lookup per field, and (as queued_receipt does)
+    # the eighteen fields set on a twin without the frozen guard, which then becomes a
+    # Message: an ordinary frozen Message (tests/test_model.py compares it with the keyword
+    # form), made in half the time
     get = f.get
     to, prio, depth, ttl = get("t"), get("p"), get("d"), get("x")
-    return Message(
+    m: Any = _OpenMessage()
+    m.id, m.channel, m.sender, m.to = (
         entry_id,
         channel,
         get("f", ""),
         tuple(to.split("\n")) if to else (),
-        get("s", ""),
-        get("b", ""),
-        get("k", "message"),
-        int(prio) if prio and prio.isdigit() else 0,
-        get("r") or None,
-        int(depth) if depth and depth.isdigit() else 0,
-        _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0])),
-        float(ttl) if ttl else None,
-        read,
-        False,
-        get("i") or None,
-        get("c") or None,
-        verified,
-        deliveries,
     )
+    m.subject, m.body, m.type = get("s", ""), get("b", ""), get("k", "message")
+    m.priority = int(prio) if prio and prio.isdigit() else 0
+    m.reply_to = get("r") or None
+    m.depth = int(depth) if depth and depth.isdigit() else 0
+    m.created_at = _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0]))
+    m.ttl_s = float(ttl) if ttl else None
+    m.read, m.truncated, m.verified, m.deliveries = read, False, verified, deliveries
+    m.idempotency_key, m.trace = get("i") or None, get("c") or None
+    object.__setattr__(m, "__class__", Message)
+    return cast(Message, m)
 
 
 def fields_from_flat(flat: Sequence[str]) -> dict[str, str]:
@@ -337,6 +335,85 @@ def plan_send(
             ts,
         ],
     )
+
+
+def plan_batch(
+    sender: str, items: Iterable[object], signer: Signer | None, channel: str
+) -> tuple[list[SendPlan], list[str]]:
+    """send_many's items checked (all of them, before anything is sent): their plans and
+    message types. An item is a ``(to, body)`` pair or a mapping of send() arguments."""
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
+        raise InvalidInput(f"send_many takes a list of items, got {type(items).__name__}")
+    plans: list[SendPlan] = []
+    types: list[str] = []
+    for item in items:
+        if item.__class__ is tuple and len(item) == 2:
+            to, body = item
+            plans.append(plan_send(sender, to, body, signer=signer, channel=channel))
+            types.append("message")
+            continue
+        if isinstance(item, Mapping):
+            kw = dict(item)
+            if "to" not in kw or "body" not in kw:
+                raise InvalidInput("a send_many item needs 'to' and 'body'")
+        elif isinstance(item, tuple | list) and len(item) == 2:
+            kw = {"to": item[0], "body": item[1]}
+        else:
+            raise InvalidInput(
+                "a send_many item is a (to, body) pair or a dict of send() arguments, "
+                f"got {type(item).__name__}"
+            )
+        unknown = kw.keys() - _BATCH_ARGS
+        if unknown:
+            raise InvalidInput(f"send_many items take no {sorted(map(str, unknown))}")
+        to, body = kw.pop("to"), kw.pop("body")
+        plans.append(plan_send(sender, to, body, **kw, signer=signer, channel=channel))
+        types.append(kw.get("type", "message"))
+    return plans, types
+
+
+#: What a send_many item may say: send()'s arguments that one script call can honour.
+_BATCH_ARGS = frozenset(
+    {"to", "body", "subject", "type", "priority", "reply_to", "ttl_s", "idempotency_key", "trace"}
+)
+
+
+def batch_results(
+    plans: Sequence[SendPlan], types: Sequence[str], replies: Sequence[Any]
+) -> tuple[list[Any], dict[str, int], list[str]]:
+    """One result per plan (a receipt, a list of them, or rejected receipts where the send was
+    refused), the accepted messages by type and the refusals' codes (one per recipient). The
+    commonest reply, one recipient accepted, is read here directly; receipts of one call
+    mostly share their millisecond."""
+    out: list[Any] = []
+    counts: dict[str, int] = {}
+    refused: list[str] = []
+    times: dict[str, datetime | None] = {}
+    for plan, type_, reply in zip(plans, types, replies, strict=True):
+        if isinstance(reply, RedisbusError):  # the whole call failed
+            out.append(rejected_receipt(plan, reply))
+            continue
+        if plan.mode == "one" and reply[0] == 1:
+            entry_id = reply[1]
+            ms = entry_id.partition("-")[0]
+            at = times.get(ms)
+            if at is None:
+                at = times[ms] = ms_to_dt(int(ms))
+            out.append(queued_receipt(entry_id, reply[2], at))
+            counts[type_] = counts.get(type_, 0) + 1
+            continue
+        try:
+            result = parse_send(plan, reply)
+        except RedisbusError as e:
+            refused.append(e.code)
+            out.append(rejected_receipt(plan, e))
+            continue
+        receipts = result if isinstance(result, list) else [result]
+        if any(r.id for r in receipts):
+            counts[type_] = counts.get(type_, 0) + 1
+        refused += [r.error.code for r in receipts if r.error is not None]
+        out.append(result)
+    return out, counts, refused
 
 
 #: Messages per send.lua call in send_many: one call checks and appends them all, sharing the

@@ -120,6 +120,12 @@ class Receipt:
         }
 
 
+class _OpenMessage:
+    """Message's slots without the frozen guard: see ``_core.message_from_fields``."""
+
+    __slots__ = Message.__slots__
+
+
 class _OpenReceipt:
     """Receipt's slots without the frozen guard: see ``queued_receipt``."""
 

@@ -723,33 +723,14 @@ class Agent(AgentState):
         """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
         or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
         gives rejected receipts (with ``.error``) instead of raising."""
-        plans = []
-        for item in items:
-            kw = dict(item) if isinstance(item, Mapping) else {"to": item[0], "body": item[1]}
-            to, body = kw.pop("to"), kw.pop("body")
-            plan = core.plan_send(
-                self.name, to, body, **kw, signer=self._bus._signer, channel=self.channel.name
-            )
-            plans.append((plan, kw.get("type", "message")))
-        if not plans:
+        sent, types = core.plan_batch(self.name, items, self._bus._signer, self.channel.name)
+        if not sent:
             return []
-        sent = [p for p, _ in plans]
         replies = core.unbatch(
             sent, self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
         )
-        out: builtins.list[Any] = []
-        for (plan, type_), reply in zip(plans, replies, strict=True):
-            if isinstance(reply, RedisbusError):
-                out.append(core.rejected_receipt(plan, reply))
-                continue
-            try:
-                result = core.parse_send(plan, reply)
-            except RedisbusError as e:
-                self._bus.metrics.rejected(e.code)
-                out.append(core.rejected_receipt(plan, e))
-                continue
-            self._count(result, type_)
-            out.append(result)
+        out, counts, refused = core.batch_results(sent, types, replies)
+        self._count_batch(counts, refused)
         return out
 
     def _await_delivery(self, result: Any, wait_s: float) -> Any:

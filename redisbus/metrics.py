@@ -165,7 +165,7 @@ _MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 class MetricsSink(Protocol):
     """What the bus calls; both :class:`BusMetrics` and :class:`NoopMetrics` satisfy it."""
 
-    def sent(self, type_: str) -> None: ...
+    def sent(self, type_: str, n: int = 1) -> None: ...
     def rejected(self, reason: str) -> None: ...
     def delivered(self, latency_s: float) -> None: ...
     def received(self, n: int = 1) -> None: ...
@@ -290,9 +290,11 @@ class BusMetrics:
         self._redelivered = f.redelivered.labels(host)
         self._dead_lettered = f.dead_lettered.labels(host)
 
-    def sent(self, type_: str) -> None:
-        """One message of type ``type_`` was appended to a stream (a broadcast counts once)."""
-        self._sent.get(type_, self._sent[_OTHER]).inc()
+    def sent(self, type_: str, n: int = 1) -> None:
+        """``n`` messages of type ``type_`` were appended to a stream (a broadcast counts
+        once)."""
+        counter = self._sent.get(type_)
+        (self._sent[_OTHER] if counter is None else counter).inc(n)
 
     def rejected(self, reason: str) -> None:
         """One send (to one recipient) was refused for ``reason``."""
@@ -328,7 +330,7 @@ class BusMetrics:
 class NoopMetrics:
     """The :class:`MetricsSink` used when metrics are off: every method does nothing."""
 
-    def sent(self, type_: str) -> None:
+    def sent(self, type_: str, n: int = 1) -> None:
         pass
 
     def rejected(self, reason: str) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redisbus import Bus, BusSettings, RedisbusError
+from redisbus import Bus, BusSettings, InvalidInput, RedisbusError
 from tests.helpers import channel_state
 from tests.servers import Server
 
@@ -118,3 +118,46 @@ def test_channel_with_junk(board: Any, name: Any, routing: Any, cap: Any) -> Non
     with contextlib.suppress(RedisbusError):
         bus.channel(name, routing=routing, inbox_cap=cap)
     assert channel_state(bus.redis, ch) == before
+
+
+# an item send_many can never take: not a (to, body) pair or a mapping of send() arguments
+bad_items = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.binary(max_size=8),
+    st.text(max_size=8),
+    st.lists(st.text(max_size=3), max_size=1).map(tuple),
+    st.lists(st.text(max_size=3), min_size=3, max_size=4).map(tuple),
+    st.fixed_dictionaries({"body": st.text(max_size=8)}),
+    st.fixed_dictionaries({"to": st.just("b")}),
+    st.fixed_dictionaries({"to": st.just("b"), "body": st.just("x"), "durable": st.booleans()}),
+    st.tuples(st.one_of(st.none(), st.integers(), st.binary(max_size=4)), st.text(max_size=8)),
+    st.tuples(st.just("b"), st.one_of(st.none(), st.integers(), st.binary(max_size=4))),
+)
+good_items = st.sampled_from([("b", "fine"), {"to": "b", "body": "fine", "subject": "s"}])
+
+
+@fuzz
+@given(
+    before=st.lists(good_items, max_size=3),
+    bad=bad_items,
+    after=st.lists(good_items, max_size=3),
+)
+def test_a_batch_with_one_bad_item_sends_nothing(
+    board: Any, before: list[Any], bad: Any, after: list[Any]
+) -> None:
+    # every item is checked before any is sent: the good ones around a bad one are not sent
+    bus, ch, a = board
+    state = channel_state(bus.redis, ch)
+    with pytest.raises(InvalidInput):
+        a.send_many([*before, bad, *after])
+    assert channel_state(bus.redis, ch) == state
+
+
+@fuzz
+@given(items=junk)
+def test_send_many_with_junk(board: Any, items: Any) -> None:
+    bus, ch, a = board
+    refused_without_a_trace(bus, ch, lambda: a.send_many(items))

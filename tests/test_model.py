@@ -97,12 +97,19 @@ def _message_by_keyword(
 def test_a_fetched_message_has_every_field_in_its_place(
     entry: tuple[str, dict[str, str]], read: bool, verified: bool | None
 ) -> None:
-    # message_from_fields passes Message's eighteen fields by position (a wake-up makes one
-    # per message): any field out of order shows here
+    # message_from_fields sets Message's eighteen slots on an unfrozen twin and hands it over
+    # as a Message (a wake-up makes one per message): any field misplaced or left unset, or
+    # anything that makes it less than an ordinary frozen Message, shows here
     entry_id, f = entry
     got = message_from_fields("ch", entry_id, f, read=read, verified=verified)
-    assert got == _message_by_keyword("ch", entry_id, f, read, verified)
+    slow = _message_by_keyword("ch", entry_id, f, read, verified)
+    assert type(got) is Message and got == slow and repr(got) == repr(slow)
+    assert hash(got) == hash(slow) and dataclasses.asdict(got) == dataclasses.asdict(slow)
+    assert pickle.loads(pickle.dumps(got)) == slow
     assert not got.truncated and got.deliveries == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.body = "changed"  # type: ignore[misc]
+    assert dataclasses.replace(got, body="changed").body == "changed"
 
 
 @settings(max_examples=300, deadline=None)

@@ -12,8 +12,10 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from redisbus import AsyncBus, Bus, InboxFull, RedisbusError
+from redisbus.metrics import BusMetrics
 from redisbus.testing import memory_bus
 from tests.helpers import stream_inbox_counts
 from tests.servers import Server
@@ -262,3 +264,53 @@ def test_a_broadcast_to_dozens_checks_each_recipient(private: Server) -> None:
         assert stats.get("cmdstat_hmget", {"calls": 0})["calls"] <= 2  # the sender alone
         # and the rate hash is a hash table (its '#table' field), not a list to scan
         assert r.object("encoding", ch.keys.rate) == "hashtable"
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_a_batch_counts_its_messages_by_type_and_its_refusals_per_recipient(
+    redis7: Server, face: str
+) -> None:
+    # send_many updates the sent counter once per message type, with the count
+    registry = CollectorRegistry()
+    items: list[Any] = [
+        ("b", "one"),
+        {"to": "b", "body": "two", "type": "request"},
+        ("b", "refused: b's inbox holds 2"),
+        {"to": ["b", "c"], "body": "b refused, c accepted"},
+        {"to": "nobody", "body": "refused: no such agent"},
+        ("c", "three"),
+    ]
+
+    async def run_async() -> list[Any]:
+        async with AsyncBus.from_url(redis7.url, metrics=BusMetrics(registry, host="t")) as bus:
+            ch = await bus.channel(f"batch-metrics-{face}", routing="open", inbox_cap=2)
+            a = await ch.join("a")
+            await ch.join("b")
+            await ch.join("c")
+            return await a.send_many(items)
+
+    if face == "async":
+        out = asyncio.run(run_async())
+    else:
+        with Bus.from_url(redis7.url, metrics=BusMetrics(registry, host="t")) as bus:
+            ch = bus.channel(f"batch-metrics-{face}", routing="open", inbox_cap=2)
+            a = ch.join("a")
+            ch.join("b")
+            ch.join("c")
+            out = a.send_many(items)
+    assert [r.status for r in (out[0], out[1], out[2], *out[3], out[5])] == [
+        "queued",
+        "queued",
+        "rejected",
+        "rejected",
+        "queued",
+        "queued",
+    ]
+
+    def count(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {**labels, "host": "t"})
+
+    assert count("redisbus_messages_sent_total", type="message") == 3
+    assert count("redisbus_messages_sent_total", type="request") == 1
+    assert count("redisbus_send_rejected_total", reason="inbox_full") == 2
+    assert count("redisbus_send_rejected_total", reason="unknown_agent") == 1

@@ -40,7 +40,7 @@
 
 local call, tonumber, tostring, find, match, gsub = redis.call, tonumber, tostring,
   string.find, string.match, string.gsub
-local floor, ceil, min, unpack = math.floor, math.ceil, math.min, unpack
+local floor, ceil, min, unpack, type = math.floor, math.ceil, math.min, unpack, type
 
 local stream, meta, parents, status, ids, inbox, rate, idem, lim =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -129,11 +129,15 @@ end
 
 -- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written). The
 -- last value parsed is kept: a broadcast's pair buckets, written in one call, hold one value.
+-- A bucket a batch's plain() wrote in this call is a table {tokens} (its time is now), turned
+-- into text once, when the call writes its counters.
 local seen_v, seen_tk, seen_last = nil, 0, 0
 local function bucket(v, burst, per_s)
   if burst <= 0 or per_s <= 0 then return true, nil, 0 end
   local tokens = burst
-  if v then
+  if type(v) == 'table' then
+    tokens = min(burst, v[1])
+  elseif v then
     if v ~= seen_v then
       local tk, last = match(v, '^(%S+) (%S+)$')
       seen_v, seen_tk, seen_last = v, tonumber(tk), tonumber(last)
@@ -357,6 +361,7 @@ end
 -- needs read up front: checked and counted against the call's caches as the general code
 -- below would, which it steps aside for (returning nil, having changed nothing) at the first
 -- check that does not pass, so that code decides and words the refusal.
+local plain_fields, plain_turns = {}, {} -- sender -> recipient -> its rate fields; "0 now sender"
 local function plain(base)
   local sender, rcpt, subject, body, mtype, prio =
     ARGV[base + 1], ARGV[base + 3], ARGV[base + 4], ARGV[base + 5], ARGV[base + 6], ARGV[base + 7]
@@ -379,12 +384,19 @@ local function plain(base)
     local _, ok = reach(sender, sp or '', rcpt, np or '')
     if not ok then return nil end
   end
-  local sf, pf, bf = 's\n' .. sender, 'p\n' .. sender .. '\n' .. rcpt, 'b\n' .. rcpt
-  local df = false
-  if dampen_turns > 0 then
-    if rcpt < sender then df = 'd\n' .. rcpt .. '\n' .. sender
-    else df = 'd\n' .. sender .. '\n' .. rcpt end
+  local to = plain_fields[sender]
+  if not to then to = {}; plain_fields[sender] = to end
+  local names = to[rcpt] -- a batch names the same pairs over and over: built once per call
+  if not names then
+    local df = false
+    if dampen_turns > 0 then
+      if rcpt < sender then df = 'd\n' .. rcpt .. '\n' .. sender
+      else df = 'd\n' .. sender .. '\n' .. rcpt end
+    end
+    names = {'s\n' .. sender, 'p\n' .. sender .. '\n' .. rcpt, 'b\n' .. rcpt, df}
+    to[rcpt] = names
   end
+  local sf, pf, bf, df = names[1], names[2], names[3], names[4]
   local sv, pv, bv, sent, depth = cached[sf], cached[pf], cached[bf], cached['#sent'], depth_of[rcpt]
   local dv = df and cached[df]
   if sv == nil or pv == nil or bv == nil or sent == nil or depth == nil or dv == nil then
@@ -400,15 +412,25 @@ local function plain(base)
   if not p_ok then return nil end
   local s_ok, s_tokens = bucket(sv, snd_burst, snd_rate)
   if not s_ok then return nil end
-  -- accepted: append now, count (written at the end of the call)
+  -- accepted: append now, count (numbers and buckets are written as text at the end)
   local id = append(base, rcpt, 0, false)
   sent_any = true
-  cached['#sent'], dirty['#sent'] = tostring(sent + 1), true
-  if p_tokens then cached[pf], dirty[pf] = bucket_value(p_tokens), true end
-  if s_tokens then cached[sf], dirty[sf] = bucket_value(s_tokens), true end
+  cached['#sent'], dirty['#sent'] = sent + 1, true
+  if p_tokens then
+    if type(pv) == 'table' then pv[1] = p_tokens else cached[pf] = {p_tokens} end
+    dirty[pf] = true
+  end
+  if s_tokens then
+    if type(sv) == 'table' then sv[1] = s_tokens else cached[sf] = {s_tokens} end
+    dirty[sf] = true
+  end
   if df then
-    cached[df] = (turns == 0 and '0' or turns) .. ' ' .. now_s .. ' ' .. sender
-    dirty[df] = true
+    local v = turns == 0 and plain_turns[sender]
+    if not v then
+      v = (turns == 0 and '0' or turns) .. ' ' .. now_s .. ' ' .. sender
+      if turns == 0 then plain_turns[sender] = v end
+    end
+    cached[df], dirty[df] = v, true
   end
   depth_of[rcpt], depth_dirty[rcpt] = depth + 1, true
   return {1, id, rcpt}
@@ -762,7 +784,11 @@ end
 -- a Lua number into a command argument with a slow printf)
 if sent_any then
   local kv, n = {}, 0
-  for field in pairs(dirty) do kv[n + 1], kv[n + 2], n = field, cached[field], n + 2 end
+  for field in pairs(dirty) do
+    local v = cached[field]
+    if type(v) == 'table' then v = bucket_value(v[1]) elseif type(v) == 'number' then v = str(v) end
+    kv[n + 1], kv[n + 2], n = field, v, n + 2
+  end
   call('HSET', rate, unpack(kv, 1, n))
   kv, n = {}, 0
   for name in pairs(depth_dirty) do kv[n + 1], kv[n + 2], n = name, str(depth_of[name]), n + 2 end
