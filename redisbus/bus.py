@@ -235,7 +235,7 @@ class _IO:
                     else:
                         commands.append(("TIME",))
                     out = self.call(self._on_lane, self.fetch_lane, commands)
-                    res = _streams(out[1 if settle else 0])
+                    res = out[1 if settle else 0]
                     now = out[-1][1:] if post else out[-1]
                 break
             except RedisbusError as e:
@@ -243,9 +243,7 @@ class _IO:
                     raise
         else:
             raise RedisbusError("could not load scripts")
-        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        entries = res[0][1] if res else []
-        return entries, now_ms
+        return _entries(res), int(now[0]) * 1000 + int(now[1]) // 1000
 
     def _on_lane(
         self, lane: Lane | None, commands: builtins.list[tuple[Any, ...]]
@@ -263,23 +261,22 @@ class _IO:
         for reply in out:
             if isinstance(reply, rx.ResponseError):
                 raise reply
-        return list(out)
+        return out if isinstance(out, builtins.list) else builtins.list(out)
 
 
-def _streams(reply: Any) -> Any:
-    """An XREADGROUP reply as [[stream, [(id, fields), ...]]], whether raw (RESP2 list, RESP3
-    map, flat field lists) or parsed by redis-py; fields are None for an entry deleted while
-    pending."""
-    if isinstance(reply, dict):
-        reply = list(reply.items())
+def _entries(reply: Any) -> builtins.list[tuple[str, dict[str, str] | None]]:
+    """The entries of a one-stream XREADGROUP reply as (id, fields), whether raw (RESP2 list,
+    RESP3 map, flat field lists) or parsed by redis-py; fields are None for an entry deleted
+    while pending."""
+    if not reply:
+        return []
+    got = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
     out = []
-    for name, got in reply or []:
-        entries = []
-        for entry_id, f in got:
-            if f and not isinstance(f, dict):
-                f = dict(zip(f[::2], f[1::2], strict=True))
-            entries.append((entry_id, f or None))
-        out.append([name, entries])
+    for entry_id, f in got:
+        if f and not isinstance(f, dict):
+            pairs = iter(f)
+            f = dict(zip(pairs, pairs, strict=True))
+        out.append((entry_id, f or None))
     return out
 
 
