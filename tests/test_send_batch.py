@@ -20,11 +20,13 @@ from redisbus.testing import memory_bus
 from tests.helpers import stream_inbox_counts
 from tests.servers import Server
 
-#: Small limits, so that a batch runs into every one of them; refills too slow to matter.
+#: Small limits, so that a batch runs into every one of them; refills too slow to matter. A
+#: pair's burst is below the inbox cap (so a pair's bucket runs dry before the recipient's inbox
+#: fills), and boss's inbox starts one short of full (so it fills first).
 TIGHT = {
     "routing": "family",
-    "inbox_cap": 2,
-    "pair_rate_burst": 3,
+    "inbox_cap": 3,
+    "pair_rate_burst": 2,
     "pair_rate_per_s": 0.001,
     "sender_rate_burst": 3,
     "sender_rate_per_s": 0.001,
@@ -45,12 +47,15 @@ _names = itertools.count()
 
 
 def _family(bus: Bus, name: str, routing: str = "family", siblings: bool = True) -> Any:
-    """boss -> mid -> kid; sib is mid's sibling under boss. Returns ``mid``."""
+    """boss -> mid -> kid; sib is mid's sibling under boss, and has sent boss two messages.
+    Returns ``mid``."""
     ch = bus.channel(name, **{**TIGHT, "routing": routing}, siblings=siblings)
     boss = ch.join("boss")
     me = ch.join("mid", parent=boss.name)
-    ch.join("sib", parent=boss.name)
+    sib = ch.join("sib", parent=boss.name)
     ch.join("kid", parent=me.name)
+    sib.send("boss", "one")
+    sib.send("boss", "two")
     return me
 
 
