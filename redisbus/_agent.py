@@ -113,25 +113,22 @@ class AgentState:
         (control messages, deleted and rejected entries, an expiry seen by the later clock)."""
         out = []
         bus, name, channel, deferred = self._bus, self.name, self.channel.name, self._deferred
-        metrics, signer = bus.metrics, bus._signer
-        if signer is not None and not signer.enabled:
-            signer = None
+        metrics, signer, unsigned = bus.metrics, bus._signer, bus.settings.unsigned
         for entry_id, f in entries:
             if f is None:  # deleted while pending
                 deferred += ["a", entry_id]
                 continue
-            to = f.get("t")
-            if not to or (to != name and name not in to.split("\n")):  # not for this agent
+            if not core.addressed_to(f, name):
                 if not marked:
                     deferred += ["a", entry_id]
                 continue
-            if "x" in f and core.expired_at(entry_id, f, now_ms):
+            if core.expired_at(entry_id, f, now_ms):
                 deferred += ["x", entry_id]
                 continue
             if own and entry_id in self._handed:
                 continue  # this handle already returned it
-            ok = None if signer is None else signer.verify(channel, f)
-            if ok is False and bus.settings.unsigned == "reject":
+            ok = core.verdict(signer, unsigned, channel, f)
+            if ok is False and unsigned == "reject":
                 deferred += ["a", entry_id]  # forged or unsigned: never handed over
                 log.warning(
                     "redisbus: dropped message %s to %s: bad or missing signature", entry_id, name

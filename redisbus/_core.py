@@ -238,7 +238,8 @@ def fields_from_flat(flat: Sequence[str]) -> dict[str, str]:
 
 
 def addressed_to(f: Mapping[str, str], agent: str) -> bool:
-    return agent in f.get("t", "").split("\n")
+    to = f.get("t")
+    return to is not None and (to == agent or agent in to.split("\n"))
 
 
 def expired_at(entry_id: str, f: Mapping[str, str], now_ms: int) -> bool:
@@ -347,28 +348,28 @@ def plan_batch(
     plans: list[SendPlan] = []
     types: list[str] = []
     for item in items:
-        if item.__class__ is tuple and len(item) == 2:
+        kw: dict[str, Any] = {}
+        if (item.__class__ is tuple or isinstance(item, tuple | list)) and len(item) == 2:
             to, body = item
-            plans.append(plan_send(sender, to, body, signer=signer, channel=channel))
-            types.append("message")
-            continue
-        if isinstance(item, Mapping):
+        elif isinstance(item, Mapping):
             kw = dict(item)
             if "to" not in kw or "body" not in kw:
                 raise InvalidInput("a send_many item needs 'to' and 'body'")
-        elif isinstance(item, tuple | list) and len(item) == 2:
-            kw = {"to": item[0], "body": item[1]}
+            unknown = kw.keys() - _BATCH_ARGS
+            if unknown:
+                raise InvalidInput(f"send_many items take no {sorted(map(str, unknown))}")
+            to, body = kw.pop("to"), kw.pop("body")
         else:
             raise InvalidInput(
                 "a send_many item is a (to, body) pair or a dict of send() arguments, "
                 f"got {type(item).__name__}"
             )
-        unknown = kw.keys() - _BATCH_ARGS
-        if unknown:
-            raise InvalidInput(f"send_many items take no {sorted(map(str, unknown))}")
-        to, body = kw.pop("to"), kw.pop("body")
-        plans.append(plan_send(sender, to, body, **kw, signer=signer, channel=channel))
-        types.append(kw.get("type", "message"))
+        if kw:
+            plans.append(plan_send(sender, to, body, **kw, signer=signer, channel=channel))
+            types.append(kw.get("type", "message"))
+        else:  # a pair: send()'s defaults
+            plans.append(plan_send(sender, to, body, signer=signer, channel=channel))
+            types.append("message")
     return plans, types
 
 
@@ -382,9 +383,7 @@ def batch_results(
     plans: Sequence[SendPlan], types: Sequence[str], replies: Sequence[Any]
 ) -> tuple[list[Any], dict[str, int], list[str]]:
     """One result per plan (a receipt, a list of them, or rejected receipts where the send was
-    refused), the accepted messages by type and the refusals' codes (one per recipient). The
-    commonest reply, one recipient accepted, is read here directly; receipts of one call
-    mostly share their millisecond."""
+    refused), the accepted messages by type and the refusals' codes (one per recipient)."""
     out: list[Any] = []
     counts: dict[str, int] = {}
     refused: list[str] = []
@@ -393,26 +392,20 @@ def batch_results(
         if isinstance(reply, RedisbusError):  # the whole call failed
             out.append(rejected_receipt(plan, reply))
             continue
-        if plan.mode == "one" and reply[0] == 1:
-            entry_id = reply[1]
-            ms = entry_id.partition("-")[0]
-            at = times.get(ms)
-            if at is None:
-                at = times[ms] = ms_to_dt(int(ms))
-            out.append(queued_receipt(entry_id, reply[2], at))
-            counts[type_] = counts.get(type_, 0) + 1
-            continue
         try:
-            result = parse_send(plan, reply)
+            result = parse_send(plan, reply, times)
         except RedisbusError as e:
             refused.append(e.code)
             out.append(rejected_receipt(plan, e))
             continue
-        receipts = result if isinstance(result, list) else [result]
-        if any(r.id for r in receipts):
-            counts[type_] = counts.get(type_, 0) + 1
-        refused += [r.error.code for r in receipts if r.error is not None]
         out.append(result)
+        if isinstance(result, Receipt):  # one recipient: accepted (a refusal raised above)
+            if result.id:
+                counts[type_] = counts.get(type_, 0) + 1
+            continue
+        if any(r.id for r in result):
+            counts[type_] = counts.get(type_, 0) + 1
+        refused += [r.error.code for r in result if r.error is not None]
     return out, counts, refused
 
 
@@ -454,12 +447,22 @@ def split_replies(sizes: Sequence[int], replies: Sequence[Any]) -> list[Any]:
     return out
 
 
-def parse_send(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt]:
-    """Raise for a refused send; otherwise the receipt (one recipient) or receipts."""
+def parse_send(
+    plan: SendPlan, reply: Sequence[Any], times: dict[str, datetime | None] | None = None
+) -> Receipt | list[Receipt]:
+    """Raise for a refused send; otherwise the receipt (one recipient) or receipts.
+    ``times``: entry-id milliseconds already turned into datetimes (a batch's replies mostly
+    share theirs)."""
     kind = int(reply[0])
     if kind == 1 and plan.mode == "one":  # accepted: {1, id, name}
         entry_id = reply[1]
-        return queued_receipt(entry_id, reply[2], ms_to_dt(id_ms(entry_id)))
+        if times is None:
+            return queued_receipt(entry_id, reply[2], ms_to_dt(id_ms(entry_id)))
+        ms = entry_id.partition("-")[0]
+        at = times.get(ms)
+        if at is None:
+            at = times[ms] = ms_to_dt(int(ms))
+        return queued_receipt(entry_id, reply[2], at)
     if kind == 0:
         _, code, message, limit, current, retry_ms = reply
         raise refusal(str(code), str(message), str(limit), str(current), str(retry_ms))

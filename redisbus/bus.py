@@ -261,7 +261,7 @@ class _IO:
         for reply in out:
             if isinstance(reply, rx.ResponseError):
                 raise reply
-        return out if isinstance(out, builtins.list) else builtins.list(out)
+        return out  # type: ignore[no-any-return]
 
 
 def _entries(reply: Any) -> builtins.list[tuple[str, dict[str, str] | None]]:
