@@ -14,13 +14,16 @@ from redisbus import Bus, BusSettings, InvalidInput, RedisbusError
 from tests.helpers import channel_state
 from tests.servers import Server
 
-junk = st.one_of(
+scalars = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(),
     st.floats(allow_nan=True),
     st.binary(max_size=20),
     st.text(max_size=40),
+)
+junk = st.one_of(
+    scalars,
     st.text(alphabet=st.characters(max_codepoint=0x9F), max_size=10),
     st.lists(st.text(max_size=5), max_size=3),
     st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
@@ -122,12 +125,7 @@ def test_channel_with_junk(board: Any, name: Any, routing: Any, cap: Any) -> Non
 
 # an item send_many can never take: not a (to, body) pair or a mapping of send() arguments
 bad_items = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(),
-    st.floats(allow_nan=True),
-    st.binary(max_size=8),
-    st.text(max_size=8),
+    scalars,
     st.lists(st.text(max_size=3), max_size=1).map(tuple),
     st.lists(st.text(max_size=3), min_size=3, max_size=4).map(tuple),
     st.fixed_dictionaries({"body": st.text(max_size=8)}),
