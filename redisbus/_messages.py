@@ -4,7 +4,7 @@ arguments of view.lua (read/list) and the parsing of its reply. No I/O."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -150,8 +150,6 @@ def parse_view(
             continue
         msg = message_from_fields(channel, entry_id, f, read=(mark != ""), verified=ok)
         if preview_chars is not None and len(msg.body) > preview_chars:
-            from dataclasses import replace
-
             msg = replace(msg, body=msg.body[:preview_chars], truncated=True)
         out.append(msg)
     return out

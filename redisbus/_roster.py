@@ -3,6 +3,7 @@ the ranking of member cards. No I/O."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import replace
@@ -27,8 +28,6 @@ def new_agent_id() -> str:
 def members_from_hashes(
     records: Mapping[str, str], statuses: Mapping[str, str]
 ) -> dict[str, Member]:
-    import json
-
     out = {}
     for name, raw in records.items():
         r = json.loads(raw)

@@ -9,12 +9,15 @@ live replica to do it, trims, and removes idle consumers that have nothing pendi
 
 from __future__ import annotations
 
+import argparse
 import logging
+import signal
 import threading
 from dataclasses import dataclass, field
 
 from ._core import SweepReport
-from ._errors import RedisbusError
+from ._errors import BusConnectionError, RedisbusError
+from ._settings import BusSettings
 from .bus import Bus
 
 log = logging.getLogger("redisbus.janitor")
@@ -75,12 +78,6 @@ def run(bus: Bus, interval_s: float = 10.0, stop: threading.Event | None = None)
 
 def main(argv: list[str] | None = None) -> int:
     """``redisbus janitor`` / ``python -m redisbus.janitor``: sweep every channel, repeatedly."""
-    import argparse
-    import signal
-
-    from ._errors import BusConnectionError
-    from ._settings import BusSettings
-
     p = argparse.ArgumentParser(prog="redisbus janitor", description=__doc__)
     p.add_argument("--url", help="Redis URL (env REDISBUS_URL)")
     p.add_argument("--interval-s", type=float, default=30.0, help="seconds between passes")
