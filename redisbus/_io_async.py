@@ -165,9 +165,9 @@ class IO:
         mark_after: str | None = None,
     ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
-        with the deferred ``settle`` ops before it and the "n" op after it (see the sync
-        face): what the fetch returns is marked read before the reply comes back, and the
-        op's reply carries the clock."""
+        with the deferred ``settle`` ops before it and the "n" op after it (see
+        ``_io_sync.IO.fetch``): what the fetch returns is marked read before the reply comes
+        back, and the op's reply carries the clock."""
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):
