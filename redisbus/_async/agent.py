@@ -469,6 +469,7 @@ class AsyncAgent(AgentState):
             open_children = [n for n, st in (await self.children()).items() if st not in terminal]
             remaining = deadline - time.monotonic()
             if not open_children or remaining <= 0:
+                # collect outcomes already in the stream without blocking
                 res = await self.wait(0)
                 self._sort(res.messages, outcomes)
                 return outcomes

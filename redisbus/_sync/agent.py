@@ -464,6 +464,7 @@ class Agent(AgentState):
             open_children = [n for n, st in (self.children()).items() if st not in terminal]
             remaining = deadline - time.monotonic()
             if not open_children or remaining <= 0:
+                # collect outcomes already in the stream without blocking
                 res = self.wait(0)
                 self._sort(res.messages, outcomes)
                 return outcomes
