@@ -19,6 +19,8 @@
     ├── AgentClosed                            the agent failed, was cancelled or lost
     │   └── RecipientClosed                    ... and so cannot receive
     ├── ChannelPaused                          the channel refuses sends until resumed
+    ├── DeadLettered                           (receipts only) delivered too many times
+    ├── BusClosed                              the bus was closed: no call works any more
     └── BusConnectionError                     Redis unreachable after retries
 
 Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
@@ -32,11 +34,13 @@ from typing import Any
 __all__ = [
     "AgentClosed",
     "BudgetExceeded",
+    "BusClosed",
     "BusConnectionError",
     "ChainTooDeep",
     "ChannelMismatch",
     "ChannelPaused",
     "CircuitOpen",
+    "DeadLettered",
     "InboxFull",
     "InvalidInput",
     "LimitExceeded",
@@ -134,6 +138,23 @@ class RecipientClosed(AgentClosed):
 
 class ChannelPaused(RedisbusError):
     code = "channel_paused"
+
+
+class DeadLettered(RedisbusError):
+    """A message moved to the dead-letter stream; ``reason`` says why (``max_deliveries``:
+    fetched that many times and never marked done). Found on a ``failed`` receipt's ``error``."""
+
+    code = "dead_lettered"
+
+    def __init__(self, message: str, *, reason: str = "max_deliveries") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class BusClosed(RedisbusError):
+    """The bus (``Bus.close()`` / ``AsyncBus.aclose()``) was closed; make a new one."""
+
+    code = "bus_closed"
 
 
 class BusConnectionError(RedisbusError, ConnectionError):

@@ -11,7 +11,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from ._errors import BusConnectionError, RedisbusError
+from ._errors import BusClosed, BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
 from ._redis import AsyncLane, backoff_s, classify
 from ._scripts import source
@@ -32,6 +32,11 @@ class IO:
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise BusClosed("this bus is closed; make a new one to keep talking to Redis")
 
     async def load(self, name: str) -> str:
         sha = self.sha.get(name)
@@ -40,11 +45,13 @@ class IO:
         return sha
 
     async def close(self) -> None:
+        self.closed = True
         if self.lane is not None:
             await self.lane.close()
         await self.r.aclose()
 
     async def call(self, fn: Callable[..., Any], *args: Any, retry: bool = True, **kw: Any) -> Any:
+        self.check_open()
         attempt = 0
         while True:
             try:
@@ -64,6 +71,7 @@ class IO:
     async def script(
         self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
     ) -> Any:
+        self.check_open()
         for _ in range(3):
             sha = await self.load(name)
             try:
@@ -102,6 +110,7 @@ class IO:
     ) -> builtins.list[Any]:
         """Script calls in one pipeline, not retried (sends); a failed call's slot holds its
         typed error instead of raising. Calls refused for a lost script cache are rerun."""
+        self.check_open()
         if self.cluster:
             out: builtins.list[Any] = []
             for n, k, a in calls:
@@ -168,6 +177,7 @@ class IO:
         with the deferred ``settle`` ops before it and the "n" op after it (see
         ``_io_sync.IO.fetch``): what the fetch returns is marked read before the reply comes
         back, and the op's reply carries the clock."""
+        self.check_open()
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):

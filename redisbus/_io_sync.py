@@ -11,7 +11,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from ._errors import BusConnectionError, RedisbusError
+from ._errors import BusClosed, BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
 from ._redis import Lane, backoff_s, classify
 from ._scripts import source
@@ -35,6 +35,11 @@ class IO:
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise BusClosed("this bus is closed; make a new one to keep talking to Redis")
 
     def load(self, name: str) -> str:
         sha = self.sha.get(name)
@@ -43,6 +48,7 @@ class IO:
         return sha
 
     def call(self, fn: Callable[..., Any], *args: Any, retry: bool = True, **kw: Any) -> Any:
+        self.check_open()
         attempt = 0
         while True:
             try:
@@ -62,6 +68,7 @@ class IO:
     def script(
         self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
     ) -> Any:
+        self.check_open()
         lane, sha = self.lane, self.sha.get(name)
         if lane is not None and sha is not None:
             # the hot path: straight onto the lane; any trouble is classified as call() would
@@ -97,6 +104,7 @@ class IO:
         return self.r.evalsha(sha, len(keys), *keys, *args)
 
     def close(self) -> None:
+        self.closed = True
         for lane in (self.lane, self.fetch_lane):
             if lane is not None:
                 lane.close()
@@ -123,6 +131,7 @@ class IO:
         """Script calls in one round trip (on the lane when it is free, else a redis-py
         pipeline), not retried (sends); a failed call's slot holds its typed error instead of
         raising. Calls refused for a lost script cache are rerun."""
+        self.check_open()
         if self.cluster:
             out: builtins.list[Any] = []
             for n, k, a in calls:
@@ -189,6 +198,7 @@ class IO:
         this consumer fetched before), the "n" op right after it: what the fetch returns is
         marked read on the server before the reply comes back, and the op's reply carries the
         clock (else a TIME follows the read)."""
+        self.check_open()
         settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
         post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
         for _ in range(3):

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from . import _validate as check
 from ._channels import fmt_number
 from ._errors import (
+    DeadLettered,
     InvalidInput,
     RedisbusError,
     refusal,
@@ -273,6 +274,7 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
         status: Status
         delivered = read = done = None
         result = None
+        error: RedisbusError | None = None
         idle = int(idle)
         mark = str(mark)
         if mark.startswith("D"):
@@ -282,8 +284,11 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
             read = ms_to_dt(int(parts[1])) if len(parts) > 1 and parts[1] else None
             delivered = ms_to_dt(int(parts[2])) if len(parts) > 2 and parts[2] else None
             result = parts[3] if len(parts) > 3 and parts[3] else None
-        elif mark.startswith("F"):
-            status, done = "failed", ms_to_dt(int(mark[1:]))
+        elif mark.startswith("F"):  # "F<ms>[:reason]" (marks written before reasons: none)
+            when, _, why = mark[1:].partition(":")
+            status, done = "failed", ms_to_dt(int(when))
+            why = why or "max_deliveries"
+            error = DeadLettered(f"dead-lettered: {why}", reason=why)
         elif mark.startswith("X"):
             status = "expired"
         elif idle >= 0:
@@ -308,6 +313,7 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
                 read_at=read,
                 done_at=done,
                 result=result,
+                error=error,
             )
         )
     return out

@@ -485,6 +485,8 @@ class AsyncAgent(AgentState):
         return core.rank_cards(q, await self.agents(), lim)
 
     async def close(self) -> None:
-        """Stop heartbeating for this handle and write pending bookkeeping."""
+        """Stop heartbeating for this handle and write pending bookkeeping (none is left to
+        write once the bus itself was closed)."""
         self._bus._heart.remove(self)
-        await self.flush()
+        if not self._bus._io.closed:
+            await self.flush()

@@ -480,6 +480,8 @@ class Agent(AgentState):
         return core.rank_cards(q, self.agents(), lim)
 
     def close(self) -> None:
-        """Stop heartbeating for this handle and write pending bookkeeping."""
+        """Stop heartbeating for this handle and write pending bookkeeping (none is left to
+        write once the bus itself was closed)."""
         self._bus._heart.remove(self)
-        self.flush()
+        if not self._bus._io.closed:
+            self.flush()

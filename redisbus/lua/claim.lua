@@ -65,7 +65,7 @@ for _, p in ipairs(pel) do
       redis.call('XADD', dlq, '*', unpack(fields))
       redis.call('XACK', stream, agent, id)
       redis.call('HINCRBY', inbox, agent, -1)
-      redis.call('HSET', marks, id .. '\n' .. agent, 'F' .. now)
+      redis.call('HSET', marks, id .. '\n' .. agent, 'F' .. now .. ':max_deliveries')
       dead = dead + 1
       trip(agent)
     else

@@ -68,7 +68,7 @@ for _, g in ipairs(groups) do
             'dead_ms', tostring(now)}
           for _, v in ipairs(e[2]) do fields[#fields + 1] = v end
           redis.call('XADD', dlq, '*', unpack(fields))
-          redis.call('HSET', marks, p[1] .. '\n' .. name, 'F' .. now)
+          redis.call('HSET', marks, p[1] .. '\n' .. name, 'F' .. now .. ':max_deliveries')
         end
         if redis.call('XACK', stream, name, p[1]) == 1 then
           redis.call('HINCRBY', inbox, name, -1)
