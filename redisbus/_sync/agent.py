@@ -282,6 +282,15 @@ class Agent(AgentState):
                 self.slots.acquire()
 
     def _own_pending(self, *, redelivered: bool) -> builtins.list[Message]:
+        """This replica's pending entries it has not returned yet. Reading its pending list
+        (XREADGROUP 0) restarts the lease of every entry on it, so while this handle holds
+        messages it has returned and not marked done, a look at the list's ids comes first:
+        those must keep ageing, to be redelivered (claim.lua) once their lease runs out."""
+        if self._handed:
+            io, k = self._bus._io, self._keys
+            held = io.call(io.r.xpending_range, k.stream, self.name, "-", "+", 1000, self.replica)
+            if len(held) < 1000 and all(p["message_id"] in self._handed for p in held):
+                return []
         out: builtins.list[Message] = []
         cursor = "0"
         while True:

@@ -1,5 +1,5 @@
--- claim.lua: take over an agent's messages whose lease ran out on another replica, and
--- dead-letter those already delivered max_deliveries times, in one atomic step.
+-- claim.lua: take over an agent's messages whose lease ran out (on another replica or on this
+-- one), and dead-letter those already delivered max_deliveries times, in one atomic step.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] dlq  KEYS[5] rate  KEYS[6] meta
 -- ARGV[1] agent (its group)  ARGV[2] consumer (this replica)  ARGV[3] lease (ms, min idle)
@@ -8,9 +8,10 @@
 -- returns {claimed, dead}: claimed = {{id, {field, value...}, deliveries}, ...} now owned by
 -- this replica; dead = number of entries moved to the dead-letter stream
 --
--- This replica's own pending entries are left alone: a restarted replica re-reads them itself,
--- and a live one is still handling them (it extends its lease). Entries not addressed to the
--- agent (a replica died before acknowledging them) are acknowledged on the spot.
+-- This replica's own entries are claimed too once idle past the lease: a live replica still
+-- handling one extends its lease, so one that ran out was failed or forgotten (with a single
+-- replica, nobody else would ever redeliver it). Entries not addressed to the agent (a replica
+-- died before acknowledging them) are acknowledged on the spot.
 
 local stream, inbox, marks, dlq, rate, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local agent, consumer, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -51,7 +52,7 @@ local claimed, dead = {}, 0
 local pel = redis.call('XPENDING', stream, agent, 'IDLE', lease, '-', '+', count)
 for _, p in ipairs(pel) do
   local id, owner, deliveries = p[1], p[2], tonumber(p[4])
-  if owner ~= consumer then
+  do -- whoever holds it (`owner`), even this replica: the lease ran out
     local e = redis.call('XRANGE', stream, id, id)[1]
     if not e then
       -- trimmed while pending: nothing left to deliver
