@@ -6,6 +6,7 @@ The CLI options, the exporter and the deployment manifests map onto these fields
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Literal
 
@@ -45,7 +46,13 @@ class BusSettings(BaseSettings):
     # -- identity -----------------------------------------------------------------------------
     host: str = Field(default_factory=socket.gethostname, description="this host's name")
     replica: str | None = Field(
-        default=None, description="stable consumer name of this process; default HOST/main"
+        default=None,
+        description="consumer name of this process's replicas. Unset: HOST/PID, so two live "
+        "processes never share one (sharing a name would hand both the same message). Set a "
+        "name that stays the same across restarts (and is unique among live processes) for a "
+        "restarted process to take back its own pending messages at once; with the per-process "
+        "default another replica, or the restarted process itself, reclaims them after the "
+        "lease (lease_s)",
     )
 
     # -- default channel limits (stored in Redis when a channel is created) --------------------
@@ -109,4 +116,6 @@ class BusSettings(BaseSettings):
 
     @property
     def consumer(self) -> str:
-        return self.replica or f"{self.host}/main"
+        """The consumer name joins use by default: ``replica``, else ``HOST/PID`` (read at each
+        call, so a forked child gets a name of its own)."""
+        return self.replica or f"{self.host}/{os.getpid()}"
