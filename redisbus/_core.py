@@ -21,6 +21,7 @@ from ._channels import (
 )
 from ._errors import raise_if_refused, refusal
 from ._messages import (
+    VIEW_ENTRIES,
     ViewPlan,
     addressed_to,
     expired_at,
@@ -53,6 +54,7 @@ __all__ = [
     "LIMITS",
     "SENDABLE_TYPES",
     "SEND_BATCH",
+    "VIEW_ENTRIES",
     "ChannelConfig",
     "Routing",
     "SendPlan",

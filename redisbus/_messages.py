@@ -84,6 +84,10 @@ def wait_kind(agent: str, messages: Sequence[Message]) -> WaitKind:
 # -- views (read / list) ------------------------------------------------------------------------
 
 
+# view.lua's reply: {now_ms, scanned, more, resume, entry, ...}
+VIEW_ENTRIES = 4
+
+
 @dataclass(frozen=True, slots=True)
 class ViewPlan:
     filter: Filter
@@ -117,10 +121,22 @@ def plan_view(
         "1" if flt.unread else "0",
         flt.sender or "",
         to,
-        (flt.subject or "").lower(),
+        subject_forms(flt.subject or ""),
         scope,
+        "",  # resume token (view.lua): set by the caller when it continues a view
     ]
     return ViewPlan(flt, argv, lim)
+
+
+def subject_forms(text: str) -> str:
+    """A ``subject:`` filter as view.lua matches it: per character, the forms it takes in any
+    case (lower, upper, title, case-folded), so "subject:Émile" finds "ÉMILE" and "émile" with
+    Python's Unicode case rules (Lua's ``string.lower`` knows only ASCII)."""
+    groups = []
+    for ch in text:
+        forms = dict.fromkeys((ch, ch.lower(), ch.upper(), ch.title(), ch.casefold()))
+        groups.append("\t".join(forms))
+    return "\n".join(groups)
 
 
 def verdict(
@@ -143,7 +159,7 @@ def parse_view(
     unsigned: str = "reject",
 ) -> list[Message]:
     out = []
-    for entry_id, flat, mark in reply[3:]:
+    for entry_id, flat, mark in reply[VIEW_ENTRIES:]:
         f = fields_from_flat(flat)
         ok = verdict(signer, unsigned, channel, f)
         if ok is False and unsigned == "reject":

@@ -170,19 +170,20 @@ class Agent(AgentState):
         self._deferred.clear()
         if pull:
             self._pel_dirty = True
-        # a long backlog addressed to others: keep fetching until the filter is served
-        for _ in range(50):
-            if not (pull and int(reply[2]) and len(reply) - 3 < plan.limit):
-                break
-            more = self._bus._io.script("view", [k.stream, k.inbox, k.marks], plan.argv)
-            seen = {e[0] for e in reply[3:]}
-            reply = [
-                more[0],
-                more[1],
-                more[2],
-                *reply[3:],
-                *(e for e in more[3:] if e[0] not in seen),
-            ]
+        # Each call's work is capped: carry on from where it stopped (the resume token) until
+        # the selection is complete, so a long backlog never hides a message.
+        head, got = reply[: core.VIEW_ENTRIES], builtins.list(reply[core.VIEW_ENTRIES :])
+        seen = {e[0] for e in got}
+        while head[3] and len(got) < plan.limit:
+            argv = [*plan.argv]
+            argv[5], argv[11] = str(plan.limit - len(got)), head[3]
+            more = self._bus._io.script("view", [k.stream, k.inbox, k.marks], argv)
+            fresh = [e for e in more[core.VIEW_ENTRIES :] if e[0] not in seen]
+            seen.update(e[0] for e in fresh)
+            # a newest-first scan continues with earlier entries
+            got = [*fresh, *got] if str(head[3]).startswith("v") else [*got, *fresh]
+            head = more[: core.VIEW_ENTRIES]
+        reply = [*head, *got]
         msgs = core.parse_view(
             self.channel.name,
             self.name,
@@ -394,7 +395,7 @@ class Agent(AgentState):
                 self.name, self.replica, "open", None, None, 1, pull=True, mark=False
             )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
-            for _ in range(50):  # fetch until nothing is left (each call is capped)
+            while True:  # fetch until nothing is left (each call is capped)
                 got = self._bus._io.script("view", [k.stream, k.inbox, k.marks], pull.argv)
                 if not int(got[2]):
                     break

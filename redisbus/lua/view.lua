@@ -9,20 +9,33 @@
 -- ARGV[5]  exclusive lower bound entry id, or ""
 -- ARGV[6]  limit (messages returned; 0 = only fetch)
 -- ARGV[7]  "1": only unread messages addressed to the agent
--- ARGV[8]  from filter or ""   ARGV[9] to filter or ""   ARGV[10] subject filter (lower case) or ""
+-- ARGV[8]  from filter or ""   ARGV[9] to filter or ""
+-- ARGV[10] subject filter or "": one group per character of the filter text, groups separated
+--          by "\n", each the forms that character may take ("\t" between them: its lower,
+--          upper, title and case-folded forms), so case folding is Python's, not Lua's ASCII one
 -- ARGV[11] scope: "board" (every message of the channel) or "own" (to or from the agent)
+-- ARGV[12] resume token of the previous call's reply, or "" to start
 --
--- returns {now_ms, scanned, more, {id, {field, value, ...}, mark}, ...}
---   more is 1 when the fetch stopped at its cap (20000 entries) with entries left: call again
+-- returns {now_ms, scanned, more, resume, {id, {field, value, ...}, mark}, ...}
+--   more is 1 when the fetch stopped at its cap (20000 entries) with entries left
+--   resume is "" when the selection is complete (or the limit reached); else call again with
+--   it (and the limit lowered by what came back): the walk stopped at its cap of 20000 entries
+--   ("p", "n", "f" tokens: later entries follow; "v": earlier ones, newest-first scans), or
+--   the fetch did ("a": fetch more, then select again)
 --   mark is "" (unread, or not addressed to the agent), "-" (not addressed to the agent),
 --   or the receipt mark ("R..." read, "D..." done)
 --
--- Work is bounded: at most 20000 entries are fetched and 20000 scanned per call.
+-- Unread messages are found without walking the stream: they are the group's pending entries
+-- not marked read (looked up by id from XPENDING), then, for list (no fetch), the entries after
+-- the group's cursor. So a read costs the same however many entries lie behind an old pending
+-- one. Work is bounded: at most 20000 entries fetched and 20000 examined per call.
 
 local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local resume = ARGV[12] or ''
+local CAP = 20000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -46,6 +59,41 @@ local function expire(id)
     redis.call('HSET', marks, id .. '\n' .. agent, 'X' .. now)
   end
 end
+local function before(a, b) -- entry ids "ms-seq": a < b
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  if am ~= bm then return am < bm end
+  return tonumber(as) < tonumber(bs)
+end
+local function later(a, b) -- the later of two ids, either may be ""
+  if a == '' then return b end
+  if b == '' or before(b, a) then return a end
+  return b
+end
+
+-- the subject filter: per character, the forms it may take
+local wanted = {}
+for group in string.gmatch(f_subject, '[^\n]+') do
+  local forms = {}
+  for form in string.gmatch(group, '[^\t]+') do forms[#forms + 1] = form end
+  wanted[#wanted + 1] = forms
+end
+local function matches_at(s, pos, k)
+  if k > #wanted then return true end
+  for _, form in ipairs(wanted[k]) do
+    if string.sub(s, pos, pos + #form - 1) == form and matches_at(s, pos + #form, k + 1) then
+      return true
+    end
+  end
+  return false
+end
+local function subject_matches(s)
+  for pos = 1, #s do
+    if matches_at(s, pos, 1) then return true end
+  end
+  return #wanted == 0
+end
 
 local more = 0 -- 1: the fetch stopped at its cap with entries left (call again)
 if pull then
@@ -58,50 +106,29 @@ if pull then
       entries = r[2]
       if type(r[1]) == 'table' then entries = r[1][2] end
     end
+    local others = {}
     for _, e in ipairs(entries) do
-      if not addressed(e[2], agent) then redis.call('XACK', stream, agent, e[1])
+      if not addressed(e[2], agent) then others[#others + 1] = e[1]
       elseif expired(e[1], e[2]) then expire(e[1]) end
     end
+    if #others > 0 then redis.call('XACK', stream, agent, unpack(others)) end
     fetched = fetched + #entries
     if #entries < 1000 then break end
-    if fetched >= 20000 then more = 1 break end
+    if fetched >= CAP then more = 1 break end
   end
 end
-if limit == 0 then return {now, 0, more} end
+if limit == 0 then return {now, 0, more, ''} end
 
--- where to start (XRANGE bound): after an id (exclusive), or for unread messages at the
--- oldest pending entry (inclusive) or, with nothing pending, just after the group cursor
-local cursor = nil
-if after ~= '' then cursor = '(' .. after end
-if unread_only and not cursor then
-  local low = redis.call('XPENDING', stream, agent)[2]
-  if not low and not pull then
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-      local name, last
-      for i = 1, #g, 2 do
-        if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
-      end
-      if name == agent then low = '(' .. last end
-    end
-  end
-  if not low then return {now, 0, more} end
-  cursor = low
-end
-
-local out = {now, 0, more}
+local out = {now, 0, more, ''}
 local scanned, found = 0, 0
 local function consider(e)
   local id, f = e[1], e[2]
-  scanned = scanned + 1
   local mine = addressed(f, agent)
   local from = field(f, 'f')
   if scope == 'own' and not mine and from ~= agent then return end
   if f_from ~= '' and from ~= f_from then return end
   if f_to ~= '' and not addressed(f, f_to) then return end
-  if f_subject ~= '' then
-    local s = string.lower(field(f, 's') or '')
-    if not string.find(s, f_subject, 1, true) then return end
-  end
+  if f_subject ~= '' and not subject_matches(field(f, 's') or '') then return end
   local mk = '-'
   if mine then
     mk = redis.call('HGET', marks, id .. '\n' .. agent) or ''
@@ -119,33 +146,89 @@ local function consider(e)
   found = found + 1
 end
 
-if not cursor then
+-- walk entries forward from the exclusive bound `from_id` (or the start), at most to the cap;
+-- returns the id to resume after, or nil when the walk reached the end or the limit
+local function forward(from_id)
+  local cursor = from_id == '' and '-' or '(' .. from_id
+  while found < limit do
+    if scanned >= CAP then return string.sub(cursor, 2) end
+    local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 200)
+    for _, e in ipairs(batch) do
+      scanned = scanned + 1
+      consider(e)
+      if found >= limit then return nil end
+    end
+    if #batch < 200 then return nil end
+    cursor = '(' .. batch[#batch][1]
+  end
+  return nil
+end
+
+local kind, from_id = string.sub(resume, 1, 1), string.sub(resume, 2)
+if unread_only then
+  -- 1. the group's pending entries that are not marked read: looked up by id
+  if kind == 'a' or kind == '' then kind, from_id = 'p', after end
+  if kind == 'p' then
+    local start = from_id == '' and '-' or from_id
+    while found < limit do
+      local pel = redis.call('XPENDING', stream, agent, start, '+', 200)
+      local last = nil
+      for _, p in ipairs(pel) do
+        local id = p[1]
+        last = id
+        if from_id == '' or before(from_id, id) then
+          scanned = scanned + 1
+          if not redis.call('HGET', marks, id .. '\n' .. agent) then
+            local e = redis.call('XRANGE', stream, id, id)[1]
+            if e then consider(e) end
+            if found >= limit then break end
+          end
+        end
+      end
+      if found >= limit or #pel < 200 then break end
+      if scanned >= CAP then out[2], out[4] = scanned, 'p' .. last return out end
+      start, from_id = last, last
+    end
+    if found >= limit then out[2] = scanned return out end
+    if pull and more == 1 then out[2], out[4] = scanned, 'a' return out end
+    kind, from_id = 'n', after
+  end
+  -- 2. list (no fetch): entries after the group's cursor, never delivered to the agent
+  if kind == 'n' and not pull then
+    local last = nil
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local name, cur
+      for i = 1, #g, 2 do
+        if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then cur = g[i + 1] end
+      end
+      if name == agent then last = cur end
+    end
+    if last then
+      local stop = forward(later(from_id, last))
+      if stop then out[4] = 'n' .. stop end
+    end
+  end
+elseif after ~= '' or kind == 'f' then
+  local stop = forward(kind == 'f' and from_id or after)
+  if stop then out[4] = 'f' .. stop end
+else
   -- newest `limit` messages, returned oldest first
   local cursor, picked = '+', {}
-  while found < limit and scanned < 20000 do
+  if kind == 'v' then cursor = '(' .. from_id end
+  while found < limit do
+    if scanned >= CAP then out[4] = 'v' .. string.sub(cursor, 2) break end
     local batch = redis.call('XREVRANGE', stream, cursor, '-', 'COUNT', 200)
-    if #batch == 0 then break end
     for _, e in ipairs(batch) do
-      if found >= limit then break end
-      local before = #out
+      scanned = scanned + 1
+      local n = #out
       consider(e)
-      if #out > before then picked[#picked + 1] = table.remove(out) end
+      if #out > n then picked[#picked + 1] = table.remove(out) end
+      if found >= limit then break end
     end
-    cursor = '(' .. batch[#batch][1]
     if #batch < 200 then break end
+    cursor = '(' .. batch[#batch][1]
   end
   for i = #picked, 1, -1 do out[#out + 1] = picked[i] end
-else
-  while found < limit and scanned < 20000 do
-    local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 200)
-    if #batch == 0 then break end
-    for _, e in ipairs(batch) do
-      if found >= limit then break end
-      consider(e)
-    end
-    cursor = '(' .. batch[#batch][1]
-    if #batch < 200 then break end
-  end
 end
 out[2] = scanned
 return out
