@@ -22,6 +22,9 @@ __all__ = ["AsyncAgent"]
 
 log = logging.getLogger("redisbus")
 
+# what a waiting agent may show; terminal statuses come from complete()/fail()/cancel()
+WAIT_STATUSES = ("waiting", "idle")
+
 
 class AsyncAgent(AgentState):
     """A handle bound to one agent identity; every message it sends carries that identity."""
@@ -218,8 +221,13 @@ class AsyncAgent(AgentState):
         the async face, holding no thread).
 
         While blocked the agent shows ``status`` ("waiting", or "idle" for a served agent) and
-        releases its concurrency slot, if it has one.
+        releases its concurrency slot, if it has one. Any other status is ``InvalidInput``
+        (finishing is ``complete()``/``fail()``, never a wait).
         """
+        if status not in WAIT_STATUSES:
+            raise InvalidInput(
+                f"wait status must be one of {', '.join(WAIT_STATUSES)}, got {status!r}"
+            )
         t = (
             self._bus.settings.wait_timeout_s
             if timeout is None
