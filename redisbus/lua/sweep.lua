@@ -4,7 +4,9 @@
 -- KEYS[7] rate (circuit breakers)
 -- ARGV[1] lease (ms)  ARGV[2] max deliveries  ARGV[3] retention (ms)
 -- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
--- ARGV[5] at most this many entries trimmed (and pending entries examined) per call
+-- ARGV[5] work budget per call: at most this many entries trimmed, and at most this many
+--         groups, pending entries and consumers examined (the next call carries on after the
+--         last group this one visited: meta field sweep_after)
 --
 -- returns {trimmed, dead_lettered, consumers_removed, expired_undone}
 --
@@ -51,16 +53,31 @@ end
 
 local groups = redis.call('XINFO', 'GROUPS', stream)
 local dead, removed = 0, 0
-for _, g in ipairs(groups) do
+-- start after the group the previous call visited last, wrapping around, so a budget smaller
+-- than the channel's work still reaches every group over successive calls
+local resume = redis.call('HGET', meta, 'sweep_after') or ''
+local first = 1
+for i, g in ipairs(groups) do
+  local name
+  for j = 1, #g, 2 do if g[j] == 'name' then name = g[j + 1] end end
+  if name == resume then first = i % #groups + 1 break end
+end
+local left, finished = budget, resume
+for n = 0, #groups - 1 do
+  if left <= 0 then break end
+  local g = groups[(first - 1 + n) % #groups + 1]
   local name, last, pending
   for i = 1, #g, 2 do
     if g[i] == 'name' then name = g[i + 1]
     elseif g[i] == 'last-delivered-id' then last = g[i + 1]
     elseif g[i] == 'pending' then pending = tonumber(g[i + 1]) end
   end
+  left = left - 1
   -- 1. dead letters
-  if pending > 0 then
-    for _, p in ipairs(redis.call('XPENDING', stream, name, 'IDLE', lease, '-', '+', budget)) do
+  if pending > 0 and left > 0 then
+    local pel = redis.call('XPENDING', stream, name, 'IDLE', lease, '-', '+', left)
+    left = left - #pel
+    for _, p in ipairs(pel) do
       if tonumber(p[4]) >= max_deliveries then
         local e = redis.call('XRANGE', stream, p[1], p[1])[1]
         if e then
@@ -79,19 +96,26 @@ for _, g in ipairs(groups) do
     end
   end
   -- 3. idle consumers with nothing pending
-  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, name)) do
-    local cname, cpending, idle
-    for i = 1, #c, 2 do
-      if c[i] == 'name' then cname = c[i + 1]
-      elseif c[i] == 'pending' then cpending = tonumber(c[i + 1])
-      elseif c[i] == 'idle' then idle = tonumber(c[i + 1]) end
-    end
-    if cpending == 0 and idle > consumer_idle then
-      redis.call('XGROUP', 'DELCONSUMER', stream, name, cname)
-      removed = removed + 1
+  if left > 0 then
+    local consumers = redis.call('XINFO', 'CONSUMERS', stream, name)
+    left = left - #consumers
+    for _, c in ipairs(consumers) do
+      local cname, cpending, idle
+      for i = 1, #c, 2 do
+        if c[i] == 'name' then cname = c[i + 1]
+        elseif c[i] == 'pending' then cpending = tonumber(c[i + 1])
+        elseif c[i] == 'idle' then idle = tonumber(c[i + 1]) end
+      end
+      if cpending == 0 and idle > consumer_idle then
+        redis.call('XGROUP', 'DELCONSUMER', stream, name, cname)
+        removed = removed + 1
+      end
     end
   end
+  finished = name
+  if n == #groups - 1 then finished = '' end -- a full round: start from the first next time
 end
+if finished ~= resume then redis.call('HSET', meta, 'sweep_after', finished) end
 
 -- 2. trim the prefix of the stream that nobody needs: entries whose every recipient is done
 --    with them (done, dead-lettered or expired), and entries older than the retention
