@@ -6,6 +6,9 @@
 --
 -- returns {agent, ...}: agents whose every replica's lease ran out (open ones only); the caller
 -- reports each with outcome.lua "lost". A lost agent that beats again becomes "running".
+--
+-- A replica not seen for a whole lease past its deadline leaves the hash (after the agents it
+-- made lost were found), so processes that come and go (per-process names) never pile up.
 
 local beat, status, lease = KEYS[1], KEYS[2], tonumber(ARGV[1])
 local t = redis.call('TIME')
@@ -22,14 +25,19 @@ for i = 2, #ARGV, 3 do
   end
 end
 
-local alive, seen = {}, {}
+local alive, seen, gone = {}, {}, {}
 local flat = redis.call('HGETALL', beat)
 for i = 1, #flat, 2 do
   local agent = string.match(flat[i], '^(.-)\n')
   if agent then
     seen[agent] = true
-    if tonumber(flat[i + 1]) >= now then alive[agent] = true end
+    local deadline = tonumber(flat[i + 1])
+    if deadline >= now then alive[agent] = true
+    elseif deadline < now - lease then gone[#gone + 1] = flat[i] end
   end
+end
+for i = 1, #gone, 1000 do
+  redis.call('HDEL', beat, unpack(gone, i, math.min(#gone, i + 999)))
 end
 local lost = {}
 for agent in pairs(seen) do
