@@ -456,3 +456,70 @@ def test_external_agents_reply_obeys_the_inbox_cap(bus: Bus, redis_url: str, cha
     finally:
         srv.stop()
         echo.stop()
+
+
+def test_inbox_cap_and_chain_depth_refuse_bridged_sends(bus: Bus, redis_url: str, chan: str):
+    ch = bus.channel(chan, inbox_cap=2, max_chain_depth=1)
+    ch.join("bob")
+    srv = bridge(redis_url, chan)
+    try:
+
+        async def talk() -> None:
+            client = await client_for(f"{srv.url}/agents/bob", "tok-alice")
+            first = await one_task(client, text_request("one", immediately=True))
+            # a follow-up in a task is a reply to it on the bus: chain depth 1, then 2
+            second = await one_task(client, text_request("two", immediately=True, task_id=first.id))
+            with pytest.raises(UnsupportedOperationError) as deep:
+                await one_task(client, text_request("three", immediately=True, task_id=second.id))
+            assert deep.value.data is not None
+            assert deep.value.data["reason"] == "chain_too_deep"
+            with pytest.raises(UnsupportedOperationError) as full:
+                await one_task(client, text_request("three again", immediately=True))
+            assert full.value.data is not None
+            assert full.value.data["reason"] == "inbox_full"
+
+        asyncio.run(talk())
+        assert ch.length() == 2
+    finally:
+        srv.stop()
+
+
+def test_expired_request_fails_the_task_with_the_reason(bus: Bus, redis_url: str, chan: str):
+    ch = bus.channel(chan)
+    ch.join("bob")  # never reads
+    srv = bridge(redis_url, chan)
+    try:
+
+        async def talk() -> Task:
+            client = await client_for(f"{srv.url}/agents/bob", "tok-alice")
+            req = text_request("only worth it for a moment", immediately=True)
+            req.message.metadata.update({"ttl_s": 0.2})
+            task = await one_task(client, req)
+            assert task.status.state == TaskState.TASK_STATE_SUBMITTED
+            await asyncio.sleep(0.5)
+            return await client.get_task(GetTaskRequest(id=task.id))
+
+        task = asyncio.run(talk())
+        assert task.status.state == TaskState.TASK_STATE_FAILED
+        assert task.status.message.parts[0].text.startswith("expired")
+    finally:
+        srv.stop()
+
+
+def test_unreachable_external_agent_is_reported_to_the_sender(bus: Bus, redis_url: str, chan: str):
+    ch = bus.channel(chan)
+    alice = ch.join("alice")
+    echo = echo_agent()
+    srv = bridge(redis_url, chan, externals=[External(url=echo.url, name="echo")])
+    try:
+        echo.stop()  # joined with its card, then gone
+        r = alice.send("echo", "anyone home?")
+        [reply] = alice.wait(timeout=30).messages
+        assert reply.reply_to == r.id and reply.type == "status_update"
+        assert reply.body.startswith("the A2A agent could not be reached")
+        deadline = time.monotonic() + 5
+        while alice.receipt(r.id)[0].status != "done" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alice.receipt(r.id)[0].result == "failed"
+    finally:
+        srv.stop()

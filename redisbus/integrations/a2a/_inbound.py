@@ -141,13 +141,13 @@ class BusRequestHandler(RequestHandler):
         reply_to = None
         if msg.task_id:  # a follow-up in a task: a reply to that task's message, on the bus
             reply_to = self._task(msg.task_id, context).id
-        subject = ""
-        if "subject" in msg.metadata:
-            subject = str(msg.metadata["subject"])
+        # optional bus fields a caller may set in the message's metadata
+        subject = str(msg.metadata["subject"]) if "subject" in msg.metadata else ""
+        ttl_s = msg.metadata.get("ttl_s")
         try:
             async with who.lock:
                 r = await who.agent.send(
-                    member, body, subject=subject, type="request", reply_to=reply_to
+                    member, body, subject=subject, type="request", reply_to=reply_to, ttl_s=ttl_s
                 )
         except RedisbusError as e:
             raise refusal(e) from e

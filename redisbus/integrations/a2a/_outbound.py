@@ -120,10 +120,13 @@ class Forwarder:
             if res.kind == "cancelled":
                 return
             for m in res.messages:
-                if m.type in ("control", "outcome"):
-                    await s.agent.mark_done(m, result="not forwarded")
-                    continue
-                await self._forward(s, m)
+                try:
+                    if m.type in ("control", "outcome"):
+                        await s.agent.mark_done(m, result="not forwarded")
+                    else:
+                        await self._forward(s, m)
+                except Exception:  # left pending: redelivered after its lease
+                    log.exception("redisbus a2a: forwarding %s to %s failed", m.id, s.agent.name)
 
     async def _forward(self, s: _Served, m: BusMessage) -> None:
         ctx = s.contexts.setdefault(m.sender, str(uuid.uuid4()))
