@@ -143,7 +143,7 @@ class BusRequestHandler(RequestHandler):
             reply_to = self._task(msg.task_id, context).id
         # optional bus fields a caller may set in the message's metadata
         subject = str(msg.metadata["subject"]) if "subject" in msg.metadata else ""
-        ttl_s = msg.metadata.get("ttl_s")
+        ttl_s = msg.metadata["ttl_s"] if "ttl_s" in msg.metadata else None  # noqa: SIM401 - a protobuf Struct has no .get()
         try:
             async with who.lock:
                 r = await who.agent.send(
