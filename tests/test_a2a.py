@@ -29,11 +29,13 @@ from a2a.types.a2a_pb2 import (
     AgentSkill,
     CancelTaskRequest,
     GetTaskRequest,
+    ListTasksRequest,
     Message,
     Part,
     Role,
     SendMessageConfiguration,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     Task,
     TaskState,
 )
@@ -521,5 +523,33 @@ def test_unreachable_external_agent_is_reported_to_the_sender(bus: Bus, redis_ur
         while alice.receipt(r.id)[0].status != "done" and time.monotonic() < deadline:
             time.sleep(0.02)
         assert alice.receipt(r.id)[0].result == "failed"
+    finally:
+        srv.stop()
+
+
+def test_done_without_reply_completes_with_the_result_and_tasks_are_listed(
+    bus: Bus, redis_url: str, chan: str
+):
+    ch = bus.channel(chan)
+    bob = ch.join("bob")
+    srv = bridge(redis_url, chan)
+    try:
+
+        async def talk() -> None:
+            client = await client_for(f"{srv.url}/agents/bob", "tok-alice")
+            task = await one_task(client, text_request("just do it", immediately=True))
+            [m] = bob.wait(timeout=10).messages
+            bob.mark_done(m, result="did it, nothing to say")
+            streaming = await client_for(f"{srv.url}/agents/bob", "tok-alice", streaming=True)
+            events = [e async for e in streaming.subscribe(SubscribeToTaskRequest(id=task.id))]
+            last = events[-1].status_update.status if len(events) > 1 else events[0].task.status
+            assert last.state == TaskState.TASK_STATE_COMPLETED
+            assert last.message.parts[0].text == "did it, nothing to say"
+            listed = await client.list_tasks(ListTasksRequest())
+            assert [t.id for t in listed.tasks] == [task.id]
+            other = await client_for(f"{srv.url}/agents/bob", "tok-carol")
+            assert list((await other.list_tasks(ListTasksRequest())).tasks) == []
+
+        asyncio.run(talk())
     finally:
         srv.stop()
