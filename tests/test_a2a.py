@@ -553,3 +553,18 @@ def test_done_without_reply_completes_with_the_result_and_tasks_are_listed(
         asyncio.run(talk())
     finally:
         srv.stop()
+
+
+def test_command_refuses_bad_tokens_and_externals(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    from redisbus.integrations.a2a import main
+
+    monkeypatch.setenv("REDISBUS_A2A_TOKENS", '["not", "a", "mapping"]')
+    assert main(["--channel", "c"]) == 2
+    assert "token -> member name" in capsys.readouterr().err
+    monkeypatch.setenv("REDISBUS_A2A_TOKENS", '{"t": "all"}')  # a reserved name
+    assert main(["--channel", "c"]) == 2
+    monkeypatch.setenv("REDISBUS_A2A_TOKENS", '{"t": "alice"}')
+    assert main(["--channel", "c", "--external", "ftp://nowhere"]) == 2
+    assert "http(s) URL" in capsys.readouterr().err

@@ -41,6 +41,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import (
     ExtendedAgentCardNotConfiguredError,
     InvalidParamsError,
+    InvalidRequestError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -99,6 +100,8 @@ class BusRequestHandler(RequestHandler):
 
     # -- who and what -------------------------------------------------------------------
     async def caller(self, context: ServerCallContext) -> _Caller:
+        if not context.user.is_authenticated:  # the app answers 401 before; never guess a name
+            raise InvalidRequestError("unauthenticated: a bearer token is required")
         name = context.user.user_name
         got = self._callers.get(name)
         if got is None:

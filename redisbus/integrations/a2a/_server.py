@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from a2a.auth.user import User
+from a2a.auth.user import UnauthenticatedUser, User
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes.common import DefaultServerCallContextBuilder
@@ -95,8 +95,7 @@ class _Context(DefaultServerCallContextBuilder):
 
     def build_user(self, request: Request) -> User:
         name = _bearer(request, self.tokens)
-        assert name is not None  # the endpoint refused the request before
-        return _Caller(name)
+        return _Caller(name) if name is not None else UnauthenticatedUser()
 
 
 def build_app(config: BridgeConfig, bus: AsyncBus | None = None) -> Starlette:
