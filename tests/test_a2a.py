@@ -214,7 +214,7 @@ def test_stream_follows_the_receipt_until_the_reply(bus: Bus, redis_url: str, ch
             async for event in client.send_message(text_request("stream please")):
                 if event.HasField("task"):
                     status = event.task.status
-                    answer_in_thread(bob, "streamed", delay_s=0.5)  # bob starts only now
+                    answer_in_thread(bob, "streamed", delay_s=1.5)  # bob starts only now
                 else:
                     status = event.status_update.status
                 text = status.message.parts[0].text if status.message.parts else ""
