@@ -16,12 +16,12 @@ import uvicorn
 from a2a.client import A2ACardResolver, A2AClientError, ClientConfig, ClientFactory
 from a2a.client.client import Client
 from a2a.client.errors import AgentCardResolutionError
-from a2a.helpers.proto_helpers import new_text_message
+from a2a.helpers.proto_helpers import new_task, new_text_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import InMemoryTaskStore
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
     AgentCard,
@@ -386,7 +386,30 @@ class Echo(AgentExecutor):
         raise NotImplementedError
 
 
-def echo_agent() -> Served:
+class Worker(AgentExecutor):
+    """A real a2a-sdk agent that works in a task: working, an artifact, then completed (or
+    failed when asked to fail)."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id and context.context_id
+        text = context.get_user_input()
+        await event_queue.enqueue_event(
+            new_task(context.task_id, context.context_id, TaskState.TASK_STATE_SUBMITTED)
+        )
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        await updater.start_work()
+        await asyncio.sleep(0.2)
+        if "fail" in text:
+            await updater.failed(new_text_message("cannot do that"))
+            return
+        await updater.add_artifact([Part(text=f"worked on: {text}")])
+        await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise NotImplementedError
+
+
+def echo_agent(executor: AgentExecutor | None = None) -> Served:
     port = free_port()
     card = AgentCard(
         name="Echo Agent",
@@ -402,7 +425,7 @@ def echo_agent() -> Served:
         default_output_modes=["text/plain"],
         skills=[AgentSkill(id="echo", name="echo", description="echoes", tags=["echo"])],
     )
-    handler = DefaultRequestHandler(Echo(), InMemoryTaskStore(), card)
+    handler = DefaultRequestHandler(executor or Echo(), InMemoryTaskStore(), card)
     app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/")])
     s = Served.__new__(Served)
     s.port, s.url = port, f"http://127.0.0.1:{port}"
@@ -568,3 +591,27 @@ def test_command_refuses_bad_tokens_and_externals(
     monkeypatch.setenv("REDISBUS_A2A_TOKENS", '{"t": "alice"}')
     assert main(["--channel", "c", "--external", "ftp://nowhere"]) == 2
     assert "http(s) URL" in capsys.readouterr().err
+
+
+def test_external_agent_working_in_a_task_answers_with_its_artifact_or_failure(
+    bus: Bus, redis_url: str, chan: str
+):
+    ch = bus.channel(chan)
+    alice = ch.join("alice")
+    worker = echo_agent(Worker())
+    srv = bridge(redis_url, chan, externals=[External(url=worker.url, name="worker")])
+    try:
+        ok = alice.send("worker", "the report")
+        [reply] = alice.wait(timeout=30).messages
+        assert (reply.reply_to, reply.type, reply.body) == (
+            ok.id,
+            "response",
+            "worked on: the report",
+        )
+        bad = alice.send("worker", "please fail")
+        [reply] = alice.wait(timeout=30).messages
+        assert (reply.reply_to, reply.type) == (bad.id, "status_update")
+        assert reply.body == "the A2A agent's task ended failed: cannot do that"
+    finally:
+        srv.stop()
+        worker.stop()
