@@ -40,13 +40,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host",
         default=env("REDISBUS_CONSOLE_HOST", "127.0.0.1"),
-        help="address to bind (default loopback) [REDISBUS_CONSOLE_HOST]",
+        help="address to bind (default 127.0.0.1: loopback only) [REDISBUS_CONSOLE_HOST]",
     )
     p.add_argument(
         "--port",
         type=int,
         default=int(env("REDISBUS_CONSOLE_PORT", "8484")),
-        help="port [REDISBUS_CONSOLE_PORT]",
+        help="port (default 8484) [REDISBUS_CONSOLE_PORT]",
     )
     p.add_argument(
         "--token",
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     from ..aio import AsyncBus
 
-    updates: dict[str, object] = {}
+    updates: dict[str, object] = {"metrics": False}  # it sends nothing: no client metrics
     if args.url:
         updates["url"] = args.url
     if args.prefix:

@@ -113,12 +113,15 @@ function timeline(r, createdMs) {
   };
   const steps = el("ol", "steps");
   const reached = STEPS.indexOf(r.status);
+  // a failed (dead-lettered) or expired message ends there instead of at "done"
+  const end = r.status === "failed" || r.status === "expired" ? r.status : null;
   STEPS.forEach((step, i) => {
     const t = times[step];
-    const on = (reached >= i && r.status !== "failed" && r.status !== "expired") || Boolean(t);
-    const li = el("li", on ? "step on" : "step");
+    const last = end && step === "done";
+    const on = reached >= i || Boolean(t) || last;
+    const li = el("li", last ? "step on bad" : on ? "step on" : "step");
     li.dataset.step = step;
-    li.append(el("span", "label", step));
+    li.append(el("span", "label", last ? end : step));
     if (t) {
       li.append(el("span", "at", clock(t)));
       if (i > 0) li.append(el("span", "lat", `+${span(t - times.queued)}`));
@@ -189,7 +192,7 @@ function renderDead(snap, canAct) {
     if (d.subject) head.append(el("span", "subject", d.subject));
     li.append(head);
     li.append(el("pre", "body", d.body));
-    li.append(el("div", "muted", `${d.deliveries} deliveries · ${d.reason || "dead"} · ${clock(d.dead_ms)}`));
+    li.append(el("div", "muted", `${d.deliveries} ${d.deliveries === 1 ? "delivery" : "deliveries"} · ${d.reason || "dead"} · ${clock(d.dead_ms)}`));
     const btn = el("button", "action replay", "Replay");
     btn.dataset.id = d.id;
     btn.hidden = !snap.writable;
