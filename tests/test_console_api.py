@@ -242,3 +242,19 @@ def test_the_cli_lists_and_runs_the_console_command() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "--token" in out.stdout and "127.0.0.1" in out.stdout
+
+
+def test_without_redis_the_api_says_so_plainly() -> None:
+    from starlette.testclient import TestClient
+
+    from redisbus import AsyncBus, BusSettings
+    from redisbus.console import ConsoleConfig, create_app
+    from redisbus.embedded import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    settings = BusSettings(metrics=False, retry_attempts=1, connect_timeout_s=0.5)
+    app = create_app(lambda: AsyncBus.from_url(url, settings=settings), ConsoleConfig())
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        for path in ("/api/channels", "/api/snapshot?channel=film", "/api/events?channel=film"):
+            res = client.get(path)
+            assert (res.status_code, res.json()["error"]) == (503, "connection"), path

@@ -30,7 +30,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .._errors import InvalidInput, RedisbusError, UnknownAgent
+from .._errors import BusConnectionError, InvalidInput, RedisbusError, UnknownAgent
 from ..aio import AsyncBus
 from ._view import ChannelView, channel_list, open_channel
 
@@ -68,6 +68,8 @@ def _failure(e: RedisbusError) -> JSONResponse:
         return _error(404, e.code, str(e))
     if isinstance(e, InvalidInput):
         return _error(400, e.code, str(e))
+    if isinstance(e, BusConnectionError):
+        return _error(503, e.code, str(e))
     return _error(409, e.code, str(e))
 
 

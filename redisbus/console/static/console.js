@@ -256,14 +256,18 @@ function channelPage() {
   document.getElementById("resume").addEventListener("click", () => act("resume"));
   const live = document.getElementById("live");
   const source = new EventSource(`/api/events?${new URLSearchParams({ channel: name })}`);
+  let streamProblem = false;
   source.addEventListener("snapshot", (ev) => {
     render(JSON.parse(ev.data));
+    if (streamProblem) showProblem("");
+    streamProblem = false;
     live.textContent = `live · ${clock(Date.now())}`;
     live.className = "live on";
   });
   source.addEventListener("problem", (ev) => {
     const p = JSON.parse(ev.data);
     showProblem(`${p.error}: ${p.message}`);
+    streamProblem = true;
   });
   source.onerror = async () => {
     live.textContent = "reconnecting…";
