@@ -10,8 +10,9 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover)
 and ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by
-other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
-provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
+other modules (``mcp``, ``exporter``, ``janitor``, ``console``) are listed in ``PLUGINS``:
+each such module provides ``main(argv: list[str]) -> int`` and is imported only when its
+command runs.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
     "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
     "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
+    "console": ("redisbus.console", "Live web console of the channels in a browser."),
 }
 
 
