@@ -5,6 +5,7 @@ and the `exporter` and `janitor` commands on the CLI's parser."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import logging
@@ -26,13 +27,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redisbus import Bus, BusSettings
+from redisbus import AsyncBus, Bus, BusSettings
 from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings, main
 from redisbus.janitor import sweep_all
 from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
-from tests.deploy_support import DEPLOY, K8S, yaml_docs
+from tests.deploy_support import DEPLOY, K8S, run_redis, yaml_docs
 from tests.prometheus_fixture import free_port
 from tests.servers import start_server, wait_for
 
@@ -453,6 +454,45 @@ def test_memory_gauges_and_eviction_policy_come_from_info_memory(
         ]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_the_bus_warns_about_an_evicting_policy_under_the_agent_acl_user(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, face: str
+) -> None:
+    # given Redis running deploy/redis/users.acl (no CONFIG for anyone) with allkeys-lru
+    password = "agent-test-only"
+    acl = tmp_path / "users.acl"
+    subprocess.run(
+        [
+            "sh",
+            str(DEPLOY / "redis" / "render-acl.sh"),
+            str(DEPLOY / "redis" / "users.acl"),
+            str(acl),
+        ],
+        env={**os.environ, "REDISBUS_AGENT_PASSWORD": password, "REDISBUS_EXPORTER_PASSWORD": "x"},
+        check=True,
+        timeout=30,
+    )
+    extra = ("--aclfile", str(acl), "--maxmemory-policy", "allkeys-lru")
+    with run_redis(None, tmp_path, *extra) as port:
+        settings = BusSettings(metrics=False, username="agent", password=password)
+        url = f"redis://127.0.0.1:{port}/0"
+        caplog.set_level(logging.WARNING, logger="redisbus")
+        # when an agent host under the agent user opens a channel
+        if face == "sync":
+            with Bus.from_url(url, settings=settings) as bus:
+                bus.channel("c")
+        else:
+
+            async def open_channel() -> None:
+                async with AsyncBus.from_url(url, settings=settings) as bus:
+                    await bus.channel("c")
+
+            asyncio.run(open_channel())
+    # then it warns, having read the policy from INFO memory (CONFIG GET is denied)
+    warnings = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert len(warnings) == 1 and "'allkeys-lru'" in warnings[0], warnings
 
 
 def test_metrics_speak_openmetrics_and_gzip_when_asked(
