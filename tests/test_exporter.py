@@ -801,5 +801,11 @@ def test_exporter_reads_channels_on_every_shard_of_a_cluster(
         assert gauge(samples, "redisbus_unread_messages") == 1 + 2 + 3
         for n, name in enumerate(names, start=1):
             assert gauge(samples, "redisbus_channel_unread_messages", channel=name) == n
+        # and Redis' memory is that of one node (INFO answers per node on a Cluster)
+        assert gauge(samples, "redisbus_exporter_redis_up") == 1
+        nodes = [redis_cluster.node_client(p) for p in redis_cluster.primaries()]
+        used = [int(c.info("memory")["used_memory"]) for c in nodes]
+        assert 0.5 * min(used) < gauge(samples, "redisbus_redis_memory_used_bytes") < 2 * max(used)
+        assert gauge(samples, "redisbus_redis_maxmemory_policy", policy="noeviction") == 1
     finally:
         bus.close()
