@@ -548,7 +548,7 @@ def test_plugin_commands_are_listed(cli: Run) -> None:
         assert f" {name} " in p.stdout, name
 
 
-@pytest.mark.parametrize(("command", "option"), [("mcp", "--channel"), ("exporter", "--port")])
+@pytest.mark.parametrize(("command", "option"), [("mcp", "--channel")])
 def test_module_commands_get_their_arguments(cli: Run, command: str, option: str) -> None:
     p = ok(cli(command, "--help"))  # --help belongs to the module, not to the wrapper
 
