@@ -11,8 +11,8 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
 ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo) and ``_cli_daemons``
 (exporter, janitor). Commands owned by other modules (``mcp``, ``a2a``, ``console``) are listed
-in ``PLUGINS``: each such module provides ``main(argv: list[str]) -> int`` and is imported only when its command
-runs.
+in ``PLUGINS``: each such module provides ``main(argv: list[str]) -> int`` and is imported only
+when its command runs.
 """
 
 from __future__ import annotations
