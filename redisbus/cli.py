@@ -30,6 +30,7 @@ from . import __version__, _cli_ops, _cli_talk  # noqa: F401 - they register com
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
+from .integrations.mcp import _command as _mcp_command
 
 __all__ = ["PLUGINS", "app", "main", "message_text", "receipt_table"]
 
@@ -55,7 +56,6 @@ def _root(
 PLUGINS: dict[str, tuple[str, str]] = {
     "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
-    "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
 }
 
 
@@ -85,6 +85,8 @@ def _plugin(name: str, module: str, summary: str) -> None:
 
 for _name, (_module, _summary) in PLUGINS.items():
     _plugin(_name, _module, _summary)
+
+_mcp_command.register(app)  # typer options; the MCP SDK is imported only when it runs
 
 # --help lists the commands in the order people reach for them, not in import order
 ORDER = (
