@@ -7,7 +7,10 @@ schemas. They say which fields are always there; messages and members may carry 
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired
+
+# pydantic reads nested TypedDicts only from typing_extensions before Python 3.12
+from typing_extensions import TypedDict
 
 TOOL_NAMES = (
     "agent_send_message",

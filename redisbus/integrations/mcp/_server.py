@@ -3,8 +3,10 @@ the two transports (stdio, and streamable HTTP behind an optional bearer token).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
+import re
 import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -41,6 +43,8 @@ LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "e
 DEFAULT_CLIENT_LOG_LEVEL = "warning"  # until the client sends logging/setLevel
 
 LOOPBACK_NAMES = ("localhost",)
+
+TYPED = re.compile(r"[a-z_]+: ")  # a refusal's typed reason, e.g. "rate_limited: "
 
 
 def is_loopback(host: str) -> bool:
@@ -91,10 +95,8 @@ class Gate:
                     logger="redisbus",
                     related_request_id=ctx.request_id,
                 )
-            try:
+            with contextlib.suppress(Exception):  # a log line must never fail its call
                 await note
-            except Exception:  # a log line must never fail the call it describes
-                pass
 
         return send
 
@@ -120,12 +122,22 @@ class Gate:
             result: HandlerResult = await call_next(ctx)
         finally:
             log_sink.reset(token)
-        if isinstance(result, CallToolResult):
-            if result.is_error:
-                first = result.content[0] if result.content else None
-                await sink("info", f"{name} refused: {getattr(first, 'text', '')}")
-            else:
-                await sink("debug", f"{name} done")
+        # the handler's result, already serialised by the SDK (wire field names)
+        d = result.model_dump(by_alias=True) if isinstance(result, CallToolResult) else result
+        if not isinstance(d, Mapping):
+            return result
+        if not d.get("isError"):
+            await sink("debug", f"{name} done")
+            return result
+        content = list(d.get("content") or [])
+        text = str(content[0].get("text", "")) if content else ""
+        # The SDK heads a tool's error with "Error executing tool NAME: "; ours start with
+        # their typed reason ("inbox_full: ..."), and that is what a model should read first.
+        head = f"Error executing tool {name}: "
+        if text.startswith(head) and TYPED.match(text, len(head)):
+            text = text[len(head) :]
+            result = {**d, "content": [{**content[0], "text": text}, *content[1:]]}
+        await sink("info", f"{name} refused: {text}")
         return result
 
 
@@ -151,9 +163,7 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
         ] = 0,
         reply_to: Annotated[str | None, Field(description="id of the message this answers")] = None,
     ) -> Annotated[CallToolResult, SendOut]:
-        return _result(
-            await tools.send_message_out(to, message, subject, type, priority, reply_to)
-        )
+        return _result(await tools.send_message_out(to, message, subject, type, priority, reply_to))
 
     async def agent_read_messages(
         filter_by: Annotated[
@@ -251,7 +261,7 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
     # MCPServer has no public hook for logging/setLevel (the 2026-07-28 protocol drops it, and
     # the SDK warns on the low-level constructor's argument); registering the handler also makes
     # the server declare the logging capability in its initialize result.
-    server._lowlevel_server.add_request_handler(  # noqa: SLF001
+    server._lowlevel_server.add_request_handler(
         "logging/setLevel", SetLevelRequestParams, gate.set_level
     )
     return server
@@ -286,7 +296,10 @@ class BearerAuth:
             {
                 "jsonrpc": "2.0",
                 "id": None,
-                "error": {"code": -32001, "message": "unauthorized: a valid bearer token is needed"},
+                "error": {
+                    "code": -32001,
+                    "message": "unauthorized: a valid bearer token is needed",
+                },
             }
         ).encode()
         await send(
@@ -403,4 +416,3 @@ def serve(
             settings=settings,
         )
     )
-

@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from ... import AsyncAgent, BusConnectionError, LimitExceeded, RedisbusError
@@ -291,11 +292,15 @@ class AgentTools:
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             slice_s = min(remaining, WAIT_SLICE_S)
-            res = await self._call(lambda a, s=slice_s: a.wait(s))  # type: ignore[misc]
-            fresh = [m for m in res.messages if m.id not in self._seen]
+            # Shielded: a call the client abandons (or cancels) ends after this slice, with
+            # what the slice fetched recorded for the next wait to replay, never dropped.
+            with anyio.CancelScope(shield=True):
+                res = await self._call(lambda a, s=slice_s: a.wait(s))  # type: ignore[misc]
+                fresh = [m for m in res.messages if m.id not in self._seen]
+                if fresh or res.kind == "cancelled":
+                    self._remember(fresh)
+                    self.handouts.add(res.kind, fresh)
             if fresh or res.kind == "cancelled":
-                self._remember(fresh)
-                self.handouts.add(res.kind, fresh)
                 return self._waited(res.kind, fresh)
             if remaining <= WAIT_SLICE_S:
                 out = self._waited("timeout", [])
