@@ -5,6 +5,7 @@ one line and exits 1 refused, 2 bad input, 3 no Redis). Imports no MCP SDK until
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -14,6 +15,7 @@ import typer
 from ..._cli_base import ClusterOpt, PrefixOpt, UrlOpt
 
 TRANSPORTS = ("stdio", "http", "streamable-http")
+LOOPBACK_NAMES = ("localhost",)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 HELP = """Serve one agent as MCP tools (stdio, or streamable HTTP).
@@ -26,6 +28,28 @@ Over HTTP (`--transport http`, endpoint `/mcp`), `--token` makes every request c
 `Authorization: Bearer TOKEN` (others get 401). Without a token the server binds only to a
 loopback address: a non-loopback `--host` without one is refused.
 """
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(transport: str, host: str, token: str | None) -> None:
+    """Refuse to serve the HTTP transport beyond this machine without a token: anyone who can
+    reach the port would speak as this agent."""
+    from ..._errors import InvalidInput
+
+    if transport != "stdio" and not token and not is_loopback(host):
+        raise InvalidInput(
+            f"refusing to serve MCP over HTTP on {host} without a token: anyone who reaches "
+            "the port could act as this agent. Set --token (REDISBUS_MCP_TOKEN), or bind to "
+            "127.0.0.1 and put an authenticating proxy in front."
+        )
 
 
 def mcp(
@@ -114,9 +138,9 @@ def mcp(
     if not 0 < port < 65536:
         raise InvalidInput(f"--port must be 1..65535, got {port}")
     cards = [s.strip() for item in skills or () for s in item.split(",") if s.strip()]
-    from ._server import check_exposure, serve
+    check_exposure(transport, host, token)
+    from ._server import serve  # the MCP SDK, from here on
 
-    check_exposure("stdio" if transport == "stdio" else "http", host, token)
     kw: dict[str, object] = {}
     if url:
         kw["url"] = url

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-import ipaddress
 import re
 import sys
 import warnings
@@ -21,6 +20,7 @@ from mcp.types import CallToolResult, EmptyResult, SetLevelRequestParams, TextCo
 from pydantic import Field
 
 from ... import AsyncBus, BusSettings, InvalidInput, __version__
+from ._command import check_exposure
 from ._schema import (
     FRAMING,
     SEND_TYPES,
@@ -42,18 +42,7 @@ Transport = Literal["stdio", "streamable-http", "http"]  # "http" is short for s
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 DEFAULT_CLIENT_LOG_LEVEL = "warning"  # until the client sends logging/setLevel
 
-LOOPBACK_NAMES = ("localhost",)
-
 TYPED = re.compile(r"[a-z_]+: ")  # a refusal's typed reason, e.g. "rate_limited: "
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _result(value: Mapping[str, Any]) -> CallToolResult:
@@ -314,17 +303,6 @@ class BearerAuth:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-def check_exposure(transport: Transport, host: str, token: str | None) -> None:
-    """Refuse to serve the HTTP transport beyond this machine without a token: anyone who can
-    reach the port would speak as this agent."""
-    if transport != "stdio" and not token and not is_loopback(host):
-        raise InvalidInput(
-            f"refusing to serve MCP over HTTP on {host} without a token: anyone who reaches "
-            "the port could act as this agent. Set --token (REDISBUS_MCP_TOKEN), or bind to "
-            "127.0.0.1 and put an authenticating proxy in front."
-        )
 
 
 async def _serve_http(
