@@ -41,6 +41,7 @@ Transport = Literal["stdio", "streamable-http", "http"]  # "http" is short for s
 # RFC 5424 severities, least severe first (MCP's logging levels)
 LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 DEFAULT_CLIENT_LOG_LEVEL = "warning"  # until the client sends logging/setLevel
+MAX_SESSIONS = 1024  # log levels remembered
 
 TYPED = re.compile(r"[a-z_]+: ")  # a refusal's typed reason, e.g. "rate_limited: "
 
@@ -65,7 +66,11 @@ class Gate:
     async def set_level(
         self, ctx: ServerRequestContext[Any, Any], params: SetLevelRequestParams
     ) -> EmptyResult:
-        self.levels[self.session_key(ctx)] = LEVELS.index(params.level)
+        key = self.session_key(ctx)
+        self.levels.pop(key, None)
+        self.levels[key] = LEVELS.index(params.level)
+        while len(self.levels) > MAX_SESSIONS:  # sessions of HTTP clients long gone
+            del self.levels[next(iter(self.levels))]
         return EmptyResult()
 
     def sink(self, ctx: ServerRequestContext[Any, Any]) -> Callable[[str, str], Awaitable[None]]:
