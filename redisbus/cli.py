@@ -10,8 +10,10 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover)
 and ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by
-other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
-provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
+other modules (``exporter``, ``janitor``, ``a2a``, ``console``) are listed in ``PLUGINS``:
+each such module provides ``main(argv: list[str]) -> int`` and is imported only when its
+command runs. ``mcp`` is a typer command like the others (``integrations.mcp._command``); it
+imports the MCP SDK only when it runs.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def _root(
 PLUGINS: dict[str, tuple[str, str]] = {
     "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
+    "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
+    "console": ("redisbus.console", "Live web console of the channels in a browser."),
 }
 
 
