@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..._cli_base import ClusterOpt, PrefixOpt, UrlOpt
+from ..._cli_base import ClusterOpt, Exit, PrefixOpt, UrlOpt
 
 TRANSPORTS = ("stdio", "http", "streamable-http")
 LOOPBACK_NAMES = ("localhost",)
@@ -139,7 +139,13 @@ def mcp(
         raise InvalidInput(f"--port must be 1..65535, got {port}")
     cards = [s.strip() for item in skills or () for s in item.split(",") if s.strip()]
     check_exposure(transport, host, token)
-    from ._server import serve  # the MCP SDK, from here on
+    try:
+        from ._server import serve  # the MCP SDK, from here on
+    except ModuleNotFoundError as e:
+        if (e.name or "").startswith("redisbus"):
+            raise
+        raise Exit(f"`redisbus mcp` needs the mcp extra (missing {e.name}): pip install "
+                   "'redisbus[mcp]'", 1) from e  # fmt: skip
 
     kw: dict[str, object] = {}
     if url:
