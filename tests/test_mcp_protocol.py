@@ -122,6 +122,17 @@ async def test_waits_fit_a_client_time_limit_and_resume_without_losing_or_repeat
         assert text.startswith("invalid_input: timeout must be 0..100 seconds")
         assert "cursor" in text
 
+        # a client that asks for progress hears from a long wait (and may extend its limit)
+        ticks: list[tuple[float, float | None]] = []
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            ticks.append((done, total))
+
+        res = await bob.call_tool("agent_wait", {"timeout": 6}, progress_callback=on_progress)
+        assert res.structured_content is not None
+        assert res.structured_content["kind"] == "timeout"
+        assert ticks and all(total == 6 and 5 <= done <= 6 for done, total in ticks), ticks
+
         quiet = await call(bob, "agent_wait", timeout=0.2)
         assert quiet["kind"] == "timeout"
         c0 = quiet["cursor"]

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.tools import Tool
 from mcp.shared.exceptions import MCPDeprecationWarning
 from mcp.types import CallToolResult, EmptyResult, SetLevelRequestParams, TextContent
@@ -207,8 +207,13 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
             str | None,
             Field(description="the cursor of your previous agent_wait result, to resume it"),
         ] = None,
+        ctx: Context[Any, Any] | None = None,
     ) -> Annotated[CallToolResult, WaitOut]:
-        return _result(await tools.wait_out(timeout, cursor))
+        async def progress(elapsed: float, total: float) -> None:
+            if ctx is not None:
+                await ctx.report_progress(elapsed, total, "waiting for messages")
+
+        return _result(await tools.wait_out(timeout, cursor, progress))
 
     async def agent_discover(
         query: Annotated[str, Field(description="words describing the help you need")] = "",

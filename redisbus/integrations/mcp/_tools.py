@@ -14,6 +14,7 @@ Two things here outlast a single call:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
@@ -47,6 +48,13 @@ log = logging.getLogger("redisbus.mcp")
 # Ids already handed to the model, so a wait does not hand them out again (at-least-once delivery
 # may repeat an entry; so does the core today after a read). Bounded: oldest forgotten first.
 SEEN_CAP = 4096
+
+# Messages agent_wait keeps for replay (bodies up to the channel's limit each): a cursor older
+# than that replays only what is kept (agent_read_messages with 'all' still shows the rest).
+HANDOUTS_CAP = 512
+
+# A waiting agent_wait reports progress this often, when the client asked for progress.
+PROGRESS_EVERY_S = 5.0
 
 # agent_wait holds the agent's lock for at most this long at a time, so a send from another
 # session of the same server is not stuck behind a long wait.
@@ -115,9 +123,8 @@ class Handouts:
 
     run: str = field(default_factory=lambda: secrets.token_hex(4))
     count: int = 0
-    batches: deque[tuple[int, str, list[Any]]] = field(
-        default_factory=lambda: deque(maxlen=SEEN_CAP)
-    )
+    batches: deque[tuple[int, str, list[Any]]] = field(default_factory=deque)
+    kept: int = 0  # messages in batches
 
     @property
     def cursor(self) -> str:
@@ -126,6 +133,9 @@ class Handouts:
     def add(self, kind: str, messages: list[Any]) -> None:
         self.count += 1
         self.batches.append((self.count, kind, messages))
+        self.kept += len(messages)
+        while self.kept > HANDOUTS_CAP and len(self.batches) > 1:
+            self.kept -= len(self.batches.popleft()[2])
 
     def after(self, cursor: str) -> tuple[str, list[Any]] | None:
         """The batches past ``cursor`` merged (kind, messages), or None when there are none."""
@@ -274,7 +284,14 @@ class AgentTools:
         changed = await self._call(lambda a: a.mark_done(ids, result=result))
         return {"done": ids, "changed": bool(changed), "result": result}
 
-    async def wait_out(self, timeout: float = WAIT_DEFAULT_S, cursor: str | None = None) -> WaitOut:
+    async def wait_out(
+        self,
+        timeout: float = WAIT_DEFAULT_S,
+        cursor: str | None = None,
+        progress: Callable[[float, float], Awaitable[None]] | None = None,
+    ) -> WaitOut:
+        """``progress(elapsed_s, timeout_s)`` is called every PROGRESS_EVERY_S while waiting:
+        clients that reset their time limit on progress then keep a long wait alive."""
         if (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)
@@ -288,8 +305,15 @@ class AgentTools:
             again = self.handouts.after(cursor)
             if again is not None:
                 return self._waited(*again, replayed=True)
-        deadline = time.monotonic() + float(timeout)
+        started = time.monotonic()
+        deadline = started + float(timeout)
+        report_at = started + PROGRESS_EVERY_S
         while True:
+            now = time.monotonic()
+            if progress is not None and now >= report_at:
+                report_at = now + PROGRESS_EVERY_S
+                with contextlib.suppress(Exception):  # progress is a courtesy
+                    await progress(round(now - started, 1), float(timeout))
             remaining = max(0.0, deadline - time.monotonic())
             slice_s = min(remaining, WAIT_SLICE_S)
             # Shielded: a call the client abandons (or cancels) ends after this slice, with
