@@ -10,9 +10,10 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
 ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo) and ``_cli_daemons``
-(exporter, janitor). Commands owned by other modules (``mcp``, ``a2a``, ``console``) are listed
-in ``PLUGINS``: each such module provides ``main(argv: list[str]) -> int`` and is imported only
-when its command runs.
+(exporter, janitor); ``mcp`` is a typer command like the others (``integrations.mcp._command``)
+that imports the MCP SDK only when it runs. Commands owned by other modules (``a2a``,
+``console``) are listed in ``PLUGINS``: each such module provides
+``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from . import __version__, _cli_daemons, _cli_ops, _cli_talk  # noqa: F401 - the
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
+from .integrations.mcp import _command as _mcp_command
 
 __all__ = ["PLUGINS", "app", "main", "message_text", "receipt_table"]
 
@@ -54,7 +56,6 @@ def _root(
 # They are imported only when their command runs, so a one-shot `redisbus send` stays fast and
 # a missing optional dependency (the `mcp` SDK) breaks only its own command.
 PLUGINS: dict[str, tuple[str, str]] = {
-    "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
     "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
     "console": ("redisbus.console", "Live web console of the channels in a browser."),
 }
@@ -86,6 +87,8 @@ def _plugin(name: str, module: str, summary: str) -> None:
 
 for _name, (_module, _summary) in PLUGINS.items():
     _plugin(_name, _module, _summary)
+
+_mcp_command.register(app)  # typer options; the MCP SDK is imported only when it runs
 
 # --help lists the commands in the order people reach for them, not in import order
 ORDER = (
