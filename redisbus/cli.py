@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, NoReturn
 
 import click
+import pydantic
 import typer
 from rich.text import Text
 
@@ -138,8 +139,6 @@ def _context() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``redisbus`` command."""
-    import pydantic
-
     command = typer.main.get_command(app)
     try:
         rv = command.main(
