@@ -27,7 +27,7 @@ import pydantic
 import typer
 from rich.text import Text
 
-from . import __version__, _cli_ops, _cli_talk  # noqa: F401 - they register commands
+from . import __version__, _cli_doctor, _cli_ops, _cli_talk  # noqa: F401 - they register commands
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
@@ -104,6 +104,7 @@ ORDER = (
     "pause",
     "resume",
     "redis",
+    "doctor",
 )
 
 

@@ -27,7 +27,7 @@ from redisbus._errors import (
 )
 
 PACKAGE = Path(redisbus.__file__).parent
-CLI_MODULES = ["cli", "_cli_base", "_cli_ops", "_cli_talk", "_cli_view", "demo"]
+CLI_MODULES = ["cli", "_cli_base", "_cli_doctor", "_cli_ops", "_cli_talk", "_cli_view", "demo"]
 CLI_MODULES += ["_demo_script", "_errors"]
 
 
