@@ -188,19 +188,19 @@ def acl_check(r: Any, prefix: str, username: str | None, version: tuple[int, ...
         user = username or "default"
     how = "ACL DRYRUN"
     denied: list[str] = []
-    dryrun = version >= (7, 0)
+    dryrun = version >= (7, 0) or version == ()  # () when INFO was denied: try it
     if dryrun:
         try:
             for cmd in COMMANDS:
                 reply = r.execute_command("ACL", "DRYRUN", user, *args(cmd, probe.stream))
                 if reply not in ("OK", b"OK"):
                     denied.append(cmd[0])
-        except redis.exceptions.ResponseError as e:
-            if "NOPERM" not in str(e) and "no permissions" not in str(e):
-                raise
-            dryrun = False  # this user may not run ACL DRYRUN: probe instead
+        except redis.exceptions.ResponseError:
+            dryrun = False  # this user may not run ACL DRYRUN (or it has none): probe instead
     if not dryrun:
-        why = "Redis 6.2" if version < (7, 0) else f"{user} may not run it"
+        why = f"{user} may not run it"
+        if version and version < (7, 0):
+            why = f"Redis {'.'.join(map(str, version))}"
         how = f"probed; ACL DRYRUN unavailable: {why}"
         denied = probe_commands(r, probe)
     if denied:

@@ -197,7 +197,7 @@ def send(
     late = [r for r in receipts if await_delivery and r.status == "queued"]
     if late:
         raise Exit(
-            f"not delivered within {check.seconds(await_delivery or 0, 'await'):g} s to "
+            f"not delivered within {await_delivery or 0:g} s to "
             f"{', '.join(r.to for r in late)}: still queued (it stays so until the recipient "
             f"fetches it; is it running `redisbus wait`? `redisbus receipt {channel} "
             f"{late[0].id} --as {agent}` shows when it does)",

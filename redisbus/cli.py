@@ -8,8 +8,16 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
     2  bad input (usage, a malformed filter or time, an out-of-range value)
     3  no Redis (REDISBUS_URL unset or unreachable)
 
-The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover)
-and ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by
+What creates what: only ``join`` creates a channel; ``join`` and ``send`` make ``--as NAME`` a
+member (a send refused for every recipient removes a member it made). Every other command needs
+an existing channel (else ``unknown_channel``, exit 1) and, with ``--as``, an existing member
+(else ``unknown_agent: no such member``, exit 1), and changes no roster. Recipients: a name,
+``parent``, ``all`` or ``a,b,c``; names cannot contain a comma. ``wait`` returns messages the
+agent has not read yet and marks them read (``--done``: done), so the next ``wait`` moves on.
+
+The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
+``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo) and ``_cli_doctor``
+(doctor). Commands owned by
 other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
 provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """

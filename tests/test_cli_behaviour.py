@@ -26,6 +26,7 @@ import pytest
 from redisbus import Bus, BusSettings
 from redisbus.cli import main
 from tests.test_cli import clean_env
+from tests.tls_servers import TLSServer, tls_redis  # noqa: F401 - the fixture
 
 BIN = shutil.which("redisbus", path=str(Path(sys.executable).parent)) or "redisbus"
 CH = "anime-project-1"
@@ -333,6 +334,12 @@ def test_shell_completion_is_on(cli: Run) -> None:
     assert "--install-completion" in p.stdout and "--show-completion" in p.stdout
 
 
+def test_bash_completes_command_names(cli: Run) -> None:
+    p = cli(_REDISBUS_COMPLETE="complete_bash", COMP_WORDS="redisbus se", COMP_CWORD="1")
+
+    assert p.status == 0 and p.stdout.split() == ["send"]
+
+
 # -- connections and servers (processes of their own) --------------------------------------------
 
 
@@ -368,3 +375,19 @@ def test_redis_on_a_busy_port_fails_before_printing_a_url(tmp_path: Path) -> Non
     assert p.stdout == ""  # no REDISBUS_URL=... of someone else's server
     assert "REDISBUS_URL" not in p.stderr
     assert f"port {port}" in p.stderr and "in use" in p.stderr
+
+
+def test_rediss_to_a_tls_redis_still_works(
+    tls_redis: TLSServer,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # given: a server that requires client certificates (the handshake check must present them)
+    env = {f"REDISBUS_{k.upper()}": v for k, v in tls_redis.ssl_settings().items()}
+
+    joined = run_cli(monkeypatch, capsys, tls_redis.url, "join", "tls-team", "--as", "director")
+    stats = run_cli(monkeypatch, capsys, tls_redis.url, "stats", "--json", **env)
+
+    assert joined.status == 3 and "certificate" in joined.failure()  # no CA, no client cert
+    assert stats.status == 0, stats.stderr
+    assert [row["channel"] for row in stats.json()] == []
