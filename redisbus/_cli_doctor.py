@@ -76,6 +76,7 @@ class Check:
     verdict: Verdict
     detail: str
     fix: str = ""
+    node: str = ""  # on a Cluster: the primary it was checked on
 
 
 @app.command()
@@ -97,8 +98,7 @@ def doctor(
             user = bus.settings.username or urlparse(bus.settings.url or "").username
             found = node_checks(client, bus.settings.prefix, user)
             for c in found:
-                if node:
-                    c.name = f"{c.name} [{node}]"
+                c.node = node
             checks += found
         checks.append(janitor_check(r, bus.settings.prefix, bus.settings.retention_s))
     if as_json:
@@ -115,7 +115,10 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "unknown": "dim"}
 
 
 def line(c: Check) -> Text:
-    t = Text.assemble((f"{c.verdict:<8}", STYLE[c.verdict]), (f"{c.name:<12}", "bold"), c.detail)
+    t = Text.assemble((f"{c.verdict:<8}", STYLE[c.verdict]), (f"{c.name:<12}", "bold"))
+    if c.node:
+        t.append(f"{c.node}: ", style="dim")
+    t.append(c.detail)
     if c.fix:
         t.append(f"\n{'':<20}fix: {c.fix}", style="yellow")
     return t

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from redisbus import Bus, BusSettings
+from tests.cluster_servers import Cluster, redis_cluster  # noqa: F401 - the fixture
 from tests.servers import Server, start_server
 from tests.test_cli_behaviour import Done, run_cli
 
@@ -123,3 +124,20 @@ def test_a_stream_older_than_its_retention_says_no_janitor_runs(
     assert p.status == 0  # a warning, not a failure
     assert janitor["verdict"] == "warn" and "forgotten" in janitor["detail"]
     assert "redisbus janitor" in janitor["fix"]
+
+
+def test_on_a_cluster_each_primary_is_checked(
+    redis_cluster: Cluster,  # noqa: F811 - the fixture imported above
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    redis_cluster.wait_healthy()
+
+    p = run_cli(monkeypatch, capsys, redis_cluster.url, "doctor", "--json", REDISBUS_CLUSTER="1")
+
+    assert p.status == 0, p.stderr
+    versions = [c for c in p.json() if c["name"] == "version"]
+    assert sorted(int(c["node"].rsplit(":", 1)[1]) for c in versions) == sorted(
+        redis_cluster.primaries()
+    )
+    assert all(c["verdict"] == "ok" for c in versions)
