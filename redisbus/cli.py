@@ -17,9 +17,9 @@ agent has not read yet and marks them read (``--done``: done), so the next ``wai
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
 ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo) and ``_cli_doctor``
-(doctor). Commands owned by
-other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
-provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
+(doctor). Commands owned by other modules (``mcp``, ``exporter``, ``janitor``, ``console``)
+are listed in ``PLUGINS``: each such module provides ``main(argv: list[str]) -> int`` and is
+imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ PLUGINS: dict[str, tuple[str, str]] = {
     "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
     "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
+    "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
+    "console": ("redisbus.console", "Live web console of the channels in a browser."),
 }
 
 
