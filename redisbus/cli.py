@@ -8,11 +8,18 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
     2  bad input (usage, a malformed filter or time, an out-of-range value)
     3  no Redis (REDISBUS_URL unset or unreachable)
 
+What creates what: only ``join`` creates a channel; ``join`` and ``send`` make ``--as NAME`` a
+member (a send refused for every recipient removes a member it made). Every other command needs
+an existing channel (else ``unknown_channel``, exit 1) and, with ``--as``, an existing member
+(else ``unknown_agent: no such member``, exit 1), and changes no roster. Recipients: a name,
+``parent``, ``all`` or ``a,b,c``; names cannot contain a comma. ``wait`` returns messages the
+agent has not read yet and marks them read (``--done``: done), so the next ``wait`` moves on.
+
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
-``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo) and ``_cli_daemons``
-(exporter, janitor); ``mcp`` is a typer command like the others (``integrations.mcp._command``)
-that imports the MCP SDK only when it runs. Commands owned by other modules (``a2a``,
-``console``) are listed in ``PLUGINS``: each such module provides
+``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor`` (doctor)
+and ``_cli_daemons`` (exporter, janitor); ``mcp`` is a typer command like the others
+(``integrations.mcp._command``) that imports the MCP SDK only when it runs. Commands owned by
+other modules (``a2a``, ``console``) are listed in ``PLUGINS``: each such module provides
 ``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """
 
@@ -25,10 +32,17 @@ from collections.abc import Sequence
 from typing import Annotated, Any, NoReturn
 
 import click
+import pydantic
 import typer
 from rich.text import Text
 
-from . import __version__, _cli_daemons, _cli_ops, _cli_talk  # noqa: F401 - they register commands
+from . import (  # noqa: F401 - they register commands
+    __version__,
+    _cli_daemons,
+    _cli_doctor,
+    _cli_ops,
+    _cli_talk,
+)
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
@@ -107,6 +121,7 @@ ORDER = (
     "pause",
     "resume",
     "redis",
+    "doctor",
 )
 
 
@@ -142,8 +157,6 @@ def _context() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``redisbus`` command."""
-    import pydantic
-
     command = typer.main.get_command(app)
     try:
         rv = command.main(

@@ -408,7 +408,7 @@ def test_dlq_lists_and_replays_a_dead_letter(cli: Run, redis_url: str) -> None:
         (["wait", CH, "--as", "designer", "--timeout", "0.1"], None, 1, "timeout"),
         (["receipt", CH, "not-an-id", "--as", "writer"], None, 2, "message id"),
         (["read", "no-such-channel", "--as", "designer"], None, 1, "no such channel"),
-        (["receipt", CH, "1-0", "--as", "stranger"], None, 1, "not a member"),
+        (["receipt", CH, "1-0", "--as", "stranger"], None, 1, "no such member"),
         (["send", CH, "designer", "hi", "--as", "writer", "--type", "shout"], None, 2, "type"),
         (["send", CH, "designer", "--as", "writer"], None, 2, "Missing argument"),
         (["read", CH, "--as", "designer", "--bogus"], None, 2, "No such option"),
