@@ -150,13 +150,15 @@ def _command(out: list[str], path: str, cmd: Any, ctx: Any, plugins: dict[str, A
 def cli() -> str:
     import typer
 
-    from redisbus.cli import PLUGINS, app
+    from redisbus import cli as cli_module
 
-    group: Any = typer.main.get_command(app)
+    # commands that parse their own options (``main(argv)``), if the CLI still has any
+    plugins: dict[str, Any] = getattr(cli_module, "PLUGINS", {})
+    group: Any = typer.main.get_command(cli_module.app)
     out: list[str] = []
     ctx = group.make_context("redisbus", [], resilient_parsing=True)
     for name in group.list_commands(ctx):
-        _command(out, f"redisbus {name}", group.get_command(ctx, name), ctx, PLUGINS)
+        _command(out, f"redisbus {name}", group.get_command(ctx, name), ctx, plugins)
     return "\n".join(out)
 
 

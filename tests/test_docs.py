@@ -91,6 +91,8 @@ def test_api_page_documents_every_public_name(site: Path) -> None:
     page = _page(site, "reference/api")
     for name in redisbus.__all__:
         assert f'id="redisbus.{name}"' in page, name
+    for method in ("Bus.from_url", "Bus.from_settings", "AsyncBus.from_url", "Agent.send"):
+        assert f'id="redisbus.{method}"' in page, method
 
 
 def test_nav_has_every_page_and_the_benchmark_table(site: Path) -> None:
