@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core as core
 from .. import _validate as check
-from .._errors import InvalidInput
+from .._errors import InvalidInput, NotPermitted
 from .._filters import check_entry_id
 from .._keys import ChannelKeys
 from .._model import DeadLetter, Member
@@ -55,6 +55,10 @@ class AsyncChannel:
         sk = [check.name(x, "skill") for x in skills] if not isinstance(skills, str) else None
         if sk is None:
             raise InvalidInput("skills must be a list of strings")
+        if not self.bus._signer.may_speak(self.name, agent):
+            # names are owned: this host's key may not speak for it, so it may not receive
+            # as it either
+            raise NotPermitted(f"this host's key may not speak for {agent!r} on {self.name!r}")
         k = self.keys
         reply = await self.bus._io.script(
             "join",
