@@ -150,6 +150,11 @@ class AgentState:
                 metrics.redelivered(len(out))
         return out
 
+    def _replay_keep(self) -> int:
+        """How long the server remembers signatures' nonces (ms); 0: signing off."""
+        signer = self._bus._signer
+        return signer.replay_keep_ms if signer.enabled else 0
+
     def _reject(self, entry_id: str, reason: str) -> None:
         """An entry for this agent that failed a check: never handed over; settle.lua acks it,
         counts the inbox down and marks it rejected with the next call."""

@@ -69,6 +69,11 @@ class ChannelKeys:
         )
 
     @property
+    def view(self) -> list[str]:
+        """KEYS of view.lua."""
+        return [self.stream, self.inbox, self.marks, self.nonces, self.nonce_at]
+
+    @property
     def settle(self) -> list[str]:
         """KEYS of settle.lua."""
         return [self.stream, self.inbox, self.marks, self.status, self.nonces, self.nonce_at]

@@ -26,7 +26,7 @@ import click
 import typer
 from rich.text import Text
 
-from . import __version__, _cli_ops, _cli_talk  # noqa: F401 - they register commands
+from . import __version__, _cli_ops, _cli_repair, _cli_talk  # noqa: F401 - they register commands
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError

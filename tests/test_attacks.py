@@ -174,6 +174,22 @@ def test_an_exact_replay_is_refused_and_shows_rejected(env: Env) -> None:
     assert receipt.error.reason == "replay"  # type: ignore[attr-defined]
 
 
+def test_a_replay_is_refused_by_read_and_hidden_from_list(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    r = writer.send("a-reader", "once")
+    assert [m.body for m in reader.read()] == ["once"]
+    reader.mark_done(r.id)
+    before = snapshot(env.raw, ch)
+    env.raw.hincrby(ch.keys.inbox, "a-reader", 1)
+    copy = copy_of(env.raw, ch, r.id)
+    assert [m.id for m in reader.list(filter_by="all")] == [r.id]
+    assert reader.read() == []
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, copy, "a-reader").endswith(":replay")
+
+
 def test_a_replayed_cancel_cancels_nobody(env: Env) -> None:
     bus = env.bus("host-a")
     ch = bus.channel(env.channel_name(), routing="family", **FAST)

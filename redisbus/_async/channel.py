@@ -157,6 +157,24 @@ class AsyncChannel:
         )
         return core.SweepReport(*(int(x) for x in reply))
 
+    async def repair(self, *, budget: int = 0) -> dict[str, tuple[int | None, int]]:
+        """Rebuild every inbox counter from the stream (entries addressed to each agent that
+        its group holds pending, plus those past its cursor); returns the counters that were
+        wrong, as name -> (stored or None when missing, counted). ``budget``: most entries
+        one call may look at (0 = no bound); over it nothing is written and InvalidInput
+        says so."""
+        k = self.keys
+        reply = await self.bus._io.script(
+            "repair", [k.stream, k.inbox], [check.integer(budget, "budget", 0, 1 << 40)]
+        )
+        if not int(reply[0]):
+            raise InvalidInput(f"repair of {self.name!r} needs more than {budget} entries")
+        flat = reply[1:]
+        return {
+            str(flat[i]): (int(flat[i + 1]) if flat[i + 1] != "" else None, int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        }
+
     async def counts(self) -> dict[str, int]:
         """Inbox counters (undone messages per agent), as stored."""
         h = await self.bus._io.call(self.bus._io.r.hgetall, self.keys.inbox)

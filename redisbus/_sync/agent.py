@@ -169,7 +169,7 @@ class Agent(AgentState):
         )
         k = self._keys
         rejected: builtins.list[tuple[str, str]] = []
-        calls = [*self._settle_calls(), ("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        calls = [*self._settle_calls(), ("view", k.view, [*plan.argv, self._replay_keep()])]
         reply = (self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         if pull:
@@ -178,7 +178,7 @@ class Agent(AgentState):
         for _ in range(50):
             if not (pull and int(reply[2]) and len(reply) - 3 < plan.limit):
                 break
-            more = self._bus._io.script("view", [k.stream, k.inbox, k.marks], plan.argv)
+            more = self._bus._io.script("view", k.view, [*plan.argv, self._replay_keep()])
             seen = {e[0] for e in reply[3:]}
             reply = [
                 more[0],
@@ -313,7 +313,7 @@ class Agent(AgentState):
                 block_ms,
                 settle,
                 mark_after,
-                self._bus._signer.replay_keep_ms if self._bus._signer.enabled else 0,
+                self._replay_keep(),
             )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have delivered entries we never saw
@@ -411,7 +411,7 @@ class Agent(AgentState):
             )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
             for _ in range(50):  # fetch until nothing is left (each call is capped)
-                got = self._bus._io.script("view", [k.stream, k.inbox, k.marks], pull.argv)
+                got = self._bus._io.script("view", k.view, [*pull.argv, self._replay_keep()])
                 if not int(got[2]):
                     break
             self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
