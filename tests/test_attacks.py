@@ -281,6 +281,43 @@ def test_a_revoked_key_is_refused_without_a_restart(env: Env) -> None:
         a.channel(name).join("a-new")
 
 
+def test_a_signature_made_outside_the_window_is_refused(env: Env) -> None:
+    bus = env.bus("host-a")
+    name = env.channel_name()
+    ch = bus.channel(name, **FAST)
+    reader = ch.join("a-reader")
+    signer = signer_for(env.settings("host-a"))
+    fields = {"f": "a-writer", "t": "a-reader", "b": "signed two minutes ago"}
+    old = str(int(time.time() * 1000) - 120_000)
+    g, n = signer.sign(name, fields, mode="one", recipients=["a-reader"], ts=old)
+    forged = str(env.raw.xadd(ch.keys.stream, {**fields, "g": g, "n": n}))
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert mark_of(env.raw, ch, forged, "a-reader").endswith(":stale")
+
+
+def test_the_shared_hmac_mode_has_the_same_rules(env: Env) -> None:
+    keys = {"k1": "fleet-secret"}
+    bus = Bus.from_url(
+        env.url, cluster=env.cluster, settings=BusSettings(metrics=False, signing_keys=keys)
+    )
+    env.buses.append(bus)
+    ch = bus.channel(env.channel_name(), **FAST)
+    b, c, writer = ch.join("b"), ch.join("c"), ch.join("writer")
+    r = writer.send("b", "for b")
+    assert [m.body for m in b.wait(timeout=5).messages] == ["for b"]
+    before = snapshot(env.raw, ch)
+    redirected = copy_of(env.raw, ch, r.id, t="c")
+    replayed = copy_of(env.raw, ch, r.id)
+    assert c.wait(timeout=0.5).kind == "timeout"
+    assert b.wait(timeout=0.5).kind == "timeout"
+    b.flush()
+    c.flush()
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, redirected, "c").endswith(":replay")
+    assert mark_of(env.raw, ch, replayed, "b").endswith(":replay")
+
+
 def test_rejected_entries_count_the_inbox_down(env: Env) -> None:
     """Issue 16 item 4: three unsigned sends to an inbox of 3 no longer fill it for good."""
     signed = env.bus("host-a")

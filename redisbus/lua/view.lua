@@ -77,7 +77,10 @@ local function copied(id, f, record)
 end
 local function reject_copy(id)
   if redis.call('XACK', stream, agent, id) == 1 then
-    if redis.call('HINCRBY', inbox, agent, -1) < 0 then redis.call('HSET', inbox, agent, 0) end
+    -- a copy a raw XADD wrote was never counted in: never below what the group still holds
+    -- pending (as settle.lua; repair.lua gives the exact count)
+    local held = redis.call('XPENDING', stream, agent)[1]
+    if redis.call('HINCRBY', inbox, agent, -1) < held then redis.call('HSET', inbox, agent, held) end
     redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':replay')
   end
 end
@@ -93,11 +96,13 @@ if pull then
       entries = r[2]
       if type(r[1]) == 'table' then entries = r[1][2] end
     end
+    local copies = {} -- rejected once the others' entries are acknowledged (see reject_copy)
     for _, e in ipairs(entries) do
       if not addressed(e[2], agent) then redis.call('XACK', stream, agent, e[1])
       elseif expired(e[1], e[2]) then expire(e[1])
-      elseif copied(e[1], e[2], true) then reject_copy(e[1]) end
+      elseif copied(e[1], e[2], true) then copies[#copies + 1] = e[1] end
     end
+    for _, id in ipairs(copies) do reject_copy(id) end
     fetched = fetched + #entries
     if #entries < 1000 then break end
     if fetched >= 20000 then more = 1 break end
