@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast bench lint typecheck format docs docs-serve all clean
+.PHONY: help demo test test-fast bench lint typecheck format unasync docs docs-serve soak all clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -27,9 +27,13 @@ test: $(STAMP)  ## run the whole test suite against real Redis servers the fixtu
 bench: $(STAMP)  ## benchmarks beside their baselines; writes bench/results.json
 	$(BIN)/python -m bench
 
-lint: $(STAMP)  ## ruff check + format check
+lint: $(STAMP)  ## ruff check + format check + generated sync face up to date
 	$(BIN)/ruff check redisbus tests bench grafana deploy scripts
 	$(BIN)/ruff format --check redisbus tests bench grafana deploy scripts
+	$(BIN)/python scripts/unasync.py --check
+
+unasync: $(STAMP)  ## regenerate the sync face (redisbus/_sync) from the async one (redisbus/_async)
+	$(BIN)/python scripts/unasync.py
 
 typecheck: $(STAMP)  ## mypy --strict on the package
 	$(BIN)/mypy

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import builtins
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from . import _core as core
+from ._errors import InvalidInput
+from ._filters import check_entry_id
 from ._model import Message, Receipt, WaitResult, id_ms
 
 log = logging.getLogger("redisbus")
@@ -154,3 +157,17 @@ class AgentState:
     def _sort(self, messages: builtins.list[Message], outcomes: builtins.list[Message]) -> None:
         for m in messages:
             (outcomes if m.type == "outcome" else self._held).append(m)
+
+
+def message_ids(message: Any) -> builtins.list[str]:
+    """The entry ids of a message id, a ``Message``, or a non-empty iterable of them."""
+    if isinstance(message, Message):
+        return [message.id]
+    if isinstance(message, str):
+        return [check_entry_id(message)]
+    if isinstance(message, Iterable):
+        out = [m.id if isinstance(m, Message) else check_entry_id(m) for m in message]
+        if not out:
+            raise InvalidInput("no message ids given")
+        return out
+    raise InvalidInput(f"expected a message id or Message, got {type(message).__name__}")

@@ -28,6 +28,8 @@ Every public call raises only these; Redis exceptions are wrapped with ``raise .
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
     "AgentClosed",
@@ -221,3 +223,20 @@ def error_from_code(
     if issubclass(cls, LimitExceeded):
         return cls(message, limit=limit, current=current, retry_after_s=retry_after_s)
     return cls(message)
+
+
+def refusal(code: str, message: str, limit: str, current: str, retry_ms: str) -> RedisbusError:
+    """The typed error of a script's refusal reply (its fields as the script returns them)."""
+    return error_from_code(
+        code,
+        message,
+        limit=float(limit) if limit else None,
+        current=float(current) if current else None,
+        retry_after_s=float(retry_ms) / 1000 if retry_ms else None,
+    )
+
+
+def raise_if_refused(reply: Sequence[Any]) -> None:
+    """join.lua / status.lua style replies: {0, code, message} is a refusal."""
+    if int(reply[0]) == 0:
+        raise error_from_code(str(reply[1]), str(reply[2]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -126,3 +127,23 @@ def test_wait_kind_is_cancelled_then_outcome_then_message(kinds: list[tuple[str,
     else:
         expected = "message"
     assert wait_kind("b", msgs) == expected
+
+
+@pytest.mark.parametrize(
+    "made",
+    [
+        pytest.param(lambda: queued_receipt("1-0", "writer", None), id="queued_receipt"),
+        pytest.param(
+            lambda: message_from_fields("c", "1-0", {"f": "a", "t": "b", "b": "hi"}, read=True),
+            id="message_from_fields",
+        ),
+    ],
+)
+def test_the_fast_constructors_set_every_dataclass_field(made: Any) -> None:
+    # given an instance built without its dataclass __init__ (see _model.frozen_as)
+    obj = made()
+    # then every field of dataclasses.fields() was set: a field added to the class but not
+    # to the fast constructor raises AttributeError here
+    unset = [f.name for f in dataclasses.fields(obj) if not hasattr(obj, f.name)]
+    assert not unset, f"{type(obj).__name__} fields left unset by the fast constructor: {unset}"
+    assert dataclasses.replace(obj) == obj

@@ -1,0 +1,490 @@
+"""``AsyncAgent``: a handle bound to one agent identity: send, read, wait, mark done, family.
+
+The state and the parsing of fetched entries it shares with nothing else live in
+``_agent.AgentState``; this module holds the calls that talk to Redis and wait."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import _core as core
+from .. import _validate as check
+from .._agent import AgentState, message_ids
+from .._errors import InvalidInput, RedisbusError
+from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
+from .._tasks_async import sleep
+
+__all__ = ["AsyncAgent"]
+
+log = logging.getLogger("redisbus")
+
+
+class AsyncAgent(AgentState):
+    """A handle bound to one agent identity; every message it sends carries that identity."""
+
+    # -- sending ----------------------------------------------------------------------------
+    async def send(
+        self,
+        to: str | Sequence[str],
+        body: str,
+        *,
+        subject: str = "",
+        type: str = "message",
+        priority: int = 0,
+        reply_to: str | None = None,
+        ttl_s: float | None = None,
+        idempotency_key: str | None = None,
+        trace: str | None = None,
+        await_delivery: float | None = None,
+        durable: bool | None = None,
+    ) -> Any:
+        """Send to a name, ``"parent"``, a list of names or ``"all"``.
+
+        Returns one ``Receipt`` for a single name, else a list in roster (or given) order.
+        A single recipient's refusal raises; list and broadcast refusals are per receipt.
+
+        ``durable=True`` (or ``BusSettings.durable``) waits until ``durable_replicas`` replicas
+        acknowledged the write (``WAIT``); ``Receipt.durable`` says whether they did. A durable
+        send carries an idempotency key (one is made when none is given), so it is retried
+        safely across connection drops and failovers.
+        """
+        if durable is None:
+            durable = self._bus.settings.durable
+        if durable and idempotency_key is None:
+            idempotency_key = core.new_agent_id().replace("ag-", "auto-")
+        plan = core.plan_send(
+            self.name,
+            to,
+            body,
+            subject=subject,
+            type=type,
+            priority=priority,
+            reply_to=reply_to,
+            ttl_s=ttl_s,
+            idempotency_key=idempotency_key,
+            trace=trace,
+            signer=self._bus._signer,
+            channel=self.channel.name,
+        )
+        wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
+        try:
+            reply = await self._bus._coalescer.send(
+                self._send_keys, plan.argv, idempotent=idempotency_key is not None
+            )
+            result = core.parse_send(plan, reply)
+        except RedisbusError as e:
+            self._bus.metrics.rejected(e.code)
+            raise
+        if isinstance(result, Receipt):  # one recipient, accepted (a refusal raised above)
+            self._bus.metrics.sent(type)
+        else:
+            self._count(result, type)
+        if durable:
+            s = self._bus.settings
+            reached = await self._bus._io.replicate(
+                self._keys.stream, s.durable_replicas, s.durable_timeout_s
+            )
+            if not reached:
+                log.warning(
+                    "redisbus: durable send to %s: fewer than %d replicas acknowledged",
+                    plan.names or "all",
+                    s.durable_replicas,
+                )
+            result = core.with_durable(result, reached)
+        if wait_s:
+            result = await self._await_delivery(result, wait_s)
+        return result
+
+    async def send_many(
+        self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]
+    ) -> builtins.list[Any]:
+        """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
+        or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
+        gives rejected receipts (with ``.error``) instead of raising."""
+        sent, types = core.plan_batch(self.name, items, self._bus._signer, self.channel.name)
+        if not sent:
+            return []
+        replies = core.unbatch(
+            sent, await self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
+        )
+        out, counts, refused = core.batch_results(sent, types, replies)
+        self._count_batch(counts, refused)
+        return out
+
+    async def _await_delivery(self, result: Any, wait_s: float) -> Any:
+        receipts = result if isinstance(result, list) else [result]
+        entry = next((r.id for r in receipts if r.id), None)
+        if entry is None:
+            return result
+        deadline = time.monotonic() + wait_s
+        pause = 0.002
+        while True:
+            current = {r.to: r for r in await self.receipt(entry)}
+            fresh = [current.get(r.to, r) if r.id else r for r in receipts]
+            if (
+                all(r.status != "queued" for r in fresh if r and r.id)
+                or time.monotonic() >= deadline
+            ):
+                return fresh if isinstance(result, list) else fresh[0]
+            await sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.05)
+
+    # -- receiving --------------------------------------------------------------------------
+    async def read(
+        self, filter_by: str | None = "unread", since: str | None = None, limit: int = 100
+    ) -> builtins.list[Message]:
+        """Messages matching the filter; those addressed to this agent become read."""
+        return await self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
+
+    async def list(
+        self,
+        filter_by: str | None = "all",
+        since: str | None = None,
+        limit: int = 100,
+        preview_chars: int | None = 200,
+    ) -> builtins.list[Message]:
+        """Headers and read flags; changes nothing. Bodies are cut to ``preview_chars``."""
+        if preview_chars is not None:
+            check.integer(preview_chars, "preview_chars", 0, 1 << 20)
+        return await self._view(
+            filter_by, since, limit, pull=False, mark=False, preview=preview_chars
+        )
+
+    async def _view(
+        self, filter_by: Any, since: Any, limit: Any, *, pull: bool, mark: bool, preview: int | None
+    ) -> builtins.list[Message]:
+        plan = core.plan_view(
+            self.name,
+            self.replica,
+            self.channel.config.routing,
+            filter_by,
+            since,
+            limit,
+            pull=pull,
+            mark=mark,
+        )
+        k = self._keys
+        calls = [*self._settle_calls(), ("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        reply = (await self._bus._io.scripts(calls))[-1]
+        self._deferred.clear()
+        if pull:
+            self._pel_dirty = True
+        # a long backlog addressed to others: keep fetching until the filter is served
+        for _ in range(50):
+            if not (pull and int(reply[2]) and len(reply) - 3 < plan.limit):
+                break
+            more = await self._bus._io.script("view", [k.stream, k.inbox, k.marks], plan.argv)
+            seen = {e[0] for e in reply[3:]}
+            reply = [
+                more[0],
+                more[1],
+                more[2],
+                *reply[3:],
+                *(e for e in more[3:] if e[0] not in seen),
+            ]
+        msgs = core.parse_view(
+            self.channel.name,
+            self.name,
+            reply,
+            preview_chars=preview,
+            signer=self._bus._signer,
+            unsigned=self._bus.settings.unsigned,
+        )
+        if mark:
+            mine = [m for m in msgs if self.name in m.to and not m.read]
+            self._handed.update(m.id for m in mine)
+            now_ms = int(reply[0])
+            for m in mine:  # first time this agent gets them: delivery latency on the Redis clock
+                self._bus.metrics.delivered(max(0.0, (now_ms - id_ms(m.id)) / 1000))
+            if mine:
+                self._bus.metrics.received(len(mine))
+        return msgs
+
+    async def flush(self) -> None:
+        """Write pending bookkeeping (read marks, acks of others' entries) now."""
+        calls = self._settle_calls()
+        if calls:
+            await self._bus._io.scripts(calls)
+            self._deferred.clear()
+
+    async def wait(self, timeout: float | None = None, *, status: str = "waiting") -> WaitResult:
+        """Block until a message for this agent, a child's outcome, its own cancellation, or
+        the timeout (default 30 s, at most 300 s). Never polls: one blocking read at a time (on
+        the async face, holding no thread).
+
+        While blocked the agent shows ``status`` ("waiting", or "idle" for a served agent) and
+        releases its concurrency slot, if it has one.
+        """
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
+        if self._cancelled:
+            return WaitResult("cancelled", [])
+        if self._held:
+            msgs, self._held = self._held, []
+            return WaitResult(core.wait_kind(self.name, msgs), msgs)
+        deadline = time.monotonic() + t
+        if not self._recovered or self._pel_dirty:
+            # Own pending entries first: after a restart (redeliveries), or after read() and
+            # mark_done() fetched entries this handle has not returned yet.
+            msgs = await self._own_pending(redelivered=not self._recovered)
+            self._recovered, self._pel_dirty = True, False
+            if msgs:
+                return self._result(msgs)
+        claimed = await self._reclaim()
+        if claimed:
+            return self._result(claimed)
+        released = False
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                block_ms: int | None = int(min(remaining, 5.0) * 1000)
+                if t == 0:
+                    block_ms = None
+                elif block_ms is not None and block_ms < 1:
+                    self._deferred += ["s", "running"]
+                    await self.flush()
+                    return WaitResult("timeout", [])
+                if block_ms and not released:
+                    self._deferred += ["s", status]
+                    self._want_status = "running"
+                    if self.slots is not None:
+                        self.slots.release()
+                        released = True
+                entries, now_ms = await self._fetch(">", block_ms)
+                msgs = self._take(entries, now_ms, marked=True)
+                fresh = bool(msgs)  # the "n" op behind the fetch set the agent running
+                if (
+                    block_ms
+                    and not msgs
+                    and any(f and core.addressed_to(f, self.name) for _, f in entries)
+                ):
+                    # the fetch's read marks set "running", but nothing was handed over (a
+                    # forged entry): show the wait again with the next fetch
+                    self._deferred += ["s", status]
+                if not entries and block_ms:
+                    # A quiet slice: pick up what a reply lost to a dropped connection left in
+                    # this replica's pending list (a client retry may hide the drop), then
+                    # what dead replicas left behind.
+                    msgs = await self._own_pending(redelivered=False)
+                    if not msgs and block_ms >= 1000:
+                        msgs = await self._reclaim()
+                if msgs:
+                    return self._result(msgs, running=fresh)
+                if t == 0:
+                    await self.flush()
+                    return WaitResult("timeout", [])
+        finally:
+            if released and self.slots is not None:
+                await self.slots.acquire()
+
+    async def _own_pending(self, *, redelivered: bool) -> builtins.list[Message]:
+        out: builtins.list[Message] = []
+        cursor = "0"
+        while True:
+            entries, now = await self._fetch(cursor, None)
+            out += self._take(entries, now, redelivered=redelivered, own=True)
+            if len(entries) < 500:
+                return out
+            cursor = entries[-1][0]
+
+    async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[builtins.list[Any], int]:
+        settle = list(self._deferred) if self._deferred else None
+        io = self._bus._io
+        before = io.retries
+        mark_after = self._fetched_to if cursor == ">" else None
+        try:
+            entries, now = await io.fetch(
+                self._keys, self.name, self.replica, cursor, block_ms, settle, mark_after
+            )
+        except RedisbusError:
+            self._pel_dirty = True  # the fetch may have delivered entries we never saw
+            raise
+        if io.retries != before:
+            self._pel_dirty = True
+        if settle:
+            del self._deferred[: len(settle)]
+        if mark_after is not None and entries:
+            self._fetched_to = entries[-1][0]
+        return entries, now
+
+    async def _reclaim(self) -> builtins.list[Message]:
+        """Take over messages whose lease ran out on a dead replica (at most every lease/4);
+        dead-letter those delivered max_deliveries times."""
+        cfg = self.channel.config.limits
+        lease_s = float(cfg.get("lease_s", self._bus.settings.lease_s))
+        now = time.monotonic()
+        if now - self._last_claim < lease_s / 4:
+            return []
+        self._last_claim = now
+        k = self._keys
+        claimed, dead = await self._bus._io.script(
+            "claim",
+            [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
+            [
+                self.name,
+                self.replica,
+                int(lease_s * 1000),
+                int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
+                100,
+            ],
+        )
+        if int(dead):
+            self._bus.metrics.dead_lettered(int(dead))
+        out = []
+        for entry_id, flat, deliveries in claimed:
+            f = core.fields_from_flat(flat)
+            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
+            if ok is False and self._bus.settings.unsigned == "reject":
+                self._deferred += ["a", entry_id]
+                continue
+            msg = core.message_from_fields(
+                self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
+            )
+            self._handed.add(entry_id)
+            self._deferred += ["r", entry_id]
+            out.append(msg)
+        if out:
+            self._bus.metrics.received(len(out))
+            self._bus.metrics.redelivered(len(out))
+        return out
+
+    async def extend_lease(self, message: str | Message) -> bool:
+        """Keep a message this replica is still handling from being reclaimed (long turns):
+        resets its idle time without counting a delivery."""
+        entry = message_ids(message)[0]
+        got = await self._bus._io.call(
+            self._bus._io.r.xclaim,
+            self._keys.stream,
+            self.name,
+            self.replica,
+            0,
+            [entry],
+            justid=True,
+        )
+        return bool(got)
+
+    async def mark_done(
+        self, message: str | Message | Iterable[str | Message], result: str = "ok"
+    ) -> bool:
+        """Mark messages done (acknowledged). True if at least one changed state now."""
+        ids = message_ids(message)
+        res = check.text(result, "result", 1024, allow_newlines=True)
+        k = self._keys
+        done = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids])
+        flags = [int(x) for x in (await self._bus._io.scripts([*self._settle_calls(), done]))[-1]]
+        self._deferred.clear()
+        if -1 in flags:
+            pass  # refused as a whole: nothing changed, nothing fetched
+        elif -2 in flags:
+            # addressed to this agent but not fetched yet (seen with list()): fetch, then retry
+            pull = core.plan_view(
+                self.name, self.replica, "open", None, None, 1, pull=True, mark=False
+            )
+            pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
+            for _ in range(50):  # fetch until nothing is left (each call is capped)
+                got = await self._bus._io.script("view", [k.stream, k.inbox, k.marks], pull.argv)
+                if not int(got[2]):
+                    break
+            self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
+            flags = [int(x) for x in await self._bus._io.script("done", done[1], done[2])]
+        self._handed.difference_update(ids)
+        bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
+        if bad:
+            raise InvalidInput(
+                f"not addressed to {self.name} or unknown message id(s): {', '.join(bad)}; "
+                "nothing was marked done"
+            )
+        n = sum(1 for f in flags if f == 1)
+        if n:
+            self._bus.metrics.done(n)
+        return n > 0
+
+    async def receipt(self, message_id: str | Message) -> builtins.list[Receipt]:
+        entry = message_ids(message_id)[0]
+        reply = await self._bus._io.script(
+            "receipt", [self._keys.stream, self._keys.marks], [entry]
+        )
+        return core.parse_receipt(entry, reply)
+
+    # -- family -----------------------------------------------------------------------------
+    async def agents(self) -> Roster:
+        cfg = self.channel.config
+        return core.roster_of(self.name, await self.channel.members(), cfg.routing, cfg.siblings)
+
+    async def complete(self, summary: str = "") -> str | None:
+        """Finish: status ``completed``; the summary reaches the parent as an outcome message.
+        A completed agent can still receive (a message to it is a follow-up)."""
+        return await self._outcome("complete", self.name, summary)
+
+    async def fail(self, error: str = "") -> str | None:
+        """Finish with an error: the parent gets a ``failed`` outcome; descendants are cancelled."""
+        out = await self._outcome("fail", self.name, error)
+        self._bus._heart.remove(self)
+        return out
+
+    async def cancel(self, child: str, reason: str = "") -> str | None:
+        """Cancel a direct child and its whole subtree, on every host. Parents only."""
+        return await self._outcome("cancel", check.name(child, "child"), reason)
+
+    async def _outcome(self, op: str, target: str, text: str) -> str | None:
+        body = check.body(check.text(text, "text", 32768, allow_newlines=True))
+        k = self._keys
+        await self.flush()
+        sigs = core.sign_outcome(self._bus._signer, self.channel.name, op, self.name, target, body)
+        reply = await self._bus._io.script(
+            "outcome",
+            [k.stream, k.parents, k.status, k.inbox],
+            [op, self.name, target, body, *sigs],
+        )
+        core.raise_if_refused(reply)
+        if reply[1]:
+            self._bus.metrics.sent("outcome")
+        return str(reply[1]) or None
+
+    async def children(self) -> dict[str, str]:
+        """Direct children and their statuses."""
+        members = await self.channel.members()
+        return {m.name: m.status for m in members.values() if m.parent == self.name}
+
+    async def wait_children(self, timeout: float | None = None) -> builtins.list[Message]:
+        """Wait until every direct child has an outcome (completed, failed, cancelled, lost), or
+        the timeout; return the outcome messages received. Other messages that arrive meanwhile
+        are kept for the next ``wait()``."""
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
+        deadline = time.monotonic() + t
+        outcomes: builtins.list[Message] = []
+        terminal = ("completed", "failed", "cancelled", "lost")
+        while True:
+            open_children = [n for n, st in (await self.children()).items() if st not in terminal]
+            remaining = deadline - time.monotonic()
+            if not open_children or remaining <= 0:
+                # collect outcomes already in the stream without blocking
+                res = await self.wait(0)
+                self._sort(res.messages, outcomes)
+                return outcomes
+            res = await self.wait(min(remaining, 1.0))
+            if res.kind == "cancelled":
+                return outcomes
+            self._sort(res.messages, outcomes)
+
+    async def discover(self, query: str = "", limit: int = 20) -> builtins.list[Member]:
+        """Reachable members ranked by how well their cards (description, skills) match."""
+        q = check.text(query, "query", 512)
+        lim = check.integer(limit, "limit", 1, 10_000)
+        return core.rank_cards(q, await self.agents(), lim)
+
+    async def close(self) -> None:
+        """Stop heartbeating for this handle and write pending bookkeeping."""
+        self._bus._heart.remove(self)
+        await self.flush()

@@ -1,0 +1,162 @@
+"""``AsyncChannel``: a named scope of conversation, its members, limits and janitor pass."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .. import _core as core
+from .. import _validate as check
+from .._errors import InvalidInput
+from .._filters import check_entry_id
+from .._keys import ChannelKeys
+from .._model import DeadLetter, Member
+from .._tasks_async import Semaphore
+from .agent import AsyncAgent
+
+if TYPE_CHECKING:
+    from .bus import AsyncBus
+
+__all__ = ["AsyncChannel"]
+
+
+class AsyncChannel:
+    """A named scope of conversation; one Redis stream with one consumer group per agent."""
+
+    def __init__(self, bus: AsyncBus, keys: ChannelKeys, config: core.ChannelConfig) -> None:
+        self.bus = bus
+        self.keys = keys
+        self.name = keys.channel
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"<AsyncChannel {self.name!r} routing={self.config.routing}>"
+
+    async def join(
+        self,
+        name: str,
+        parent: str | None = None,
+        replica: str | None = None,
+        *,
+        description: str = "",
+        skills: Iterable[str] = (),
+        slots: Semaphore | None = None,
+    ) -> AsyncAgent:
+        """Join as ``name`` (or attach one more replica of it). ``slots``: an optional
+        semaphore shared by a team's agents, released while this agent waits."""
+        s = self.bus.settings
+        agent = check.agent_name(name, int(self.config.limits.get("max_name_chars", 128)))
+        if parent is not None:
+            check.name(parent, "parent")
+        rep = check.name(replica, "replica", 256) if replica is not None else s.consumer
+        desc = check.text(description, "description", 2000, allow_newlines=True)
+        sk = [check.name(x, "skill") for x in skills] if not isinstance(skills, str) else None
+        if sk is None:
+            raise InvalidInput("skills must be a list of strings")
+        k = self.keys
+        reply = await self.bus._io.script(
+            "join",
+            [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [
+                agent,
+                parent or "",
+                "1" if parent is not None else "0",
+                core.new_agent_id(),
+                rep,
+                s.host,
+                desc,
+                json.dumps(sk),
+                int(s.lease_s * 1000),
+            ],
+        )
+        core.raise_if_refused(reply)
+        _, agent_id, depth, parent_name, _status, _created = reply
+        handle = AsyncAgent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
+        handle.slots = slots
+        self.bus._heart.add(handle)
+        return handle
+
+    async def members(self) -> dict[str, Member]:
+        r = self.bus._io.r
+        records = await self.bus._io.call(r.hgetall, self.keys.members)
+        statuses = await self.bus._io.call(r.hgetall, self.keys.status)
+        return core.members_from_hashes(records, statuses)
+
+    async def tree(self) -> builtins.list[Member]:
+        return core.tree_order(await self.members())
+
+    async def refresh(self) -> core.ChannelConfig:
+        h = await self.bus._io.call(self.bus._io.r.hgetall, self.keys.meta)
+        self.config = core.config_from_hash(self.name, h)
+        return self.config
+
+    async def configure(self, **limits: Any) -> core.ChannelConfig:
+        """Change stored limits for every host at once."""
+        argv = core.plan_channel(self.bus.settings, None, None, limits)
+        updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
+        if updates:
+            await self._update_meta(updates)
+        return await self.refresh()
+
+    async def _update_meta(self, fields: dict[str, str]) -> None:
+        """Write meta fields, then drop send.lua's packed copy of the limits and pause switch
+        (it repacks them from meta). In this order a send between the two writes uses the old
+        copy, as if it had come just before the change; every send after it sees the change."""
+        io = self.bus._io
+        await io.call(io.r.hset, self.keys.meta, mapping=fields)
+        await io.call(io.r.delete, self.keys.limits)
+
+    async def pause(self) -> None:
+        await self._update_meta({"paused": "1"})
+        await self.refresh()
+
+    async def resume(self) -> None:
+        await self._update_meta({"paused": "0"})
+        await self.refresh()
+
+    async def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:
+        """Messages dead-lettered after too many deliveries, oldest first."""
+        lim = check.integer(limit, "limit", 1, 100_000)
+        entries = await self.bus._io.call(self.bus._io.r.xrange, self.keys.dlq, count=lim)
+        return core.parse_dead_letters(self.name, entries)
+
+    async def replay(self, dead_letter_id: str) -> str:
+        """Give a dead letter back to its recipient as a new message; returns the new id."""
+        k = self.keys
+        reply = await self.bus._io.script(
+            "replay",
+            [k.stream, k.inbox, k.dlq, k.status],
+            [check_entry_id(dead_letter_id, "dead letter id")],
+        )
+        core.raise_if_refused(reply)
+        return str(reply[1])
+
+    async def sweep(
+        self, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
+    ) -> core.SweepReport:
+        """One janitor pass: dead-letter over-delivered messages, trim what every group has
+        acknowledged (or what is older than the retention), drop idle empty consumers."""
+        cfg, s = self.config.limits, self.bus.settings
+        k = self.keys
+        reply = await self.bus._io.script(
+            "sweep",
+            [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
+            [
+                int(float(cfg.get("lease_s", s.lease_s)) * 1000),
+                int(cfg.get("max_deliveries", s.max_deliveries)),
+                int(float(cfg.get("retention_s", s.retention_s)) * 1000),
+                int(consumer_idle_s * 1000),
+                check.integer(batch, "batch", 1, 100_000),
+            ],
+        )
+        return core.SweepReport(*(int(x) for x in reply))
+
+    async def counts(self) -> dict[str, int]:
+        """Inbox counters (undone messages per agent), as stored."""
+        h = await self.bus._io.call(self.bus._io.r.hgetall, self.keys.inbox)
+        return {k: int(v) for k, v in h.items()}
+
+    async def length(self) -> int:
+        return int(await self.bus._io.call(self.bus._io.r.xlen, self.keys.stream))

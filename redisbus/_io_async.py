@@ -1,0 +1,217 @@
+"""The async face's Redis boundary: one client, the script SHAs, retries and the wrapping of
+Redis errors. Hand-written per face (the sync twin, ``_io_sync``, rides a socket lane of its
+own); everything above it is written once, in ``_async/``."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis import exceptions as rx
+
+from ._errors import BusConnectionError, RedisbusError
+from ._keys import ChannelKeys
+from ._redis import AsyncLane, backoff_s, classify
+from ._scripts import source
+from ._settings import BusSettings
+
+__all__ = ["IO"]
+
+
+class IO:
+    """One Redis client, the script SHAs, and the retry/wrap boundary."""
+
+    def __init__(self, client: Any, settings: BusSettings, cluster: bool) -> None:
+        self.r = client
+        self.settings = settings
+        self.cluster = cluster
+        self.sha: dict[str, str] = {}
+        self.lane = AsyncLane(client) if not cluster and AsyncLane.usable(client) else None
+        # Bumped on every retry: a retried fetch may have delivered entries whose reply was
+        # lost, so the agents re-read their own pending entries (see Agent._fetch).
+        self.retries = 0
+
+    async def load(self, name: str) -> str:
+        sha = self.sha.get(name)
+        if sha is None:
+            sha = self.sha[name] = await self.call(self.r.script_load, source(name))
+        return sha
+
+    async def close(self) -> None:
+        if self.lane is not None:
+            await self.lane.close()
+        await self.r.aclose()
+
+    async def call(self, fn: Callable[..., Any], *args: Any, retry: bool = True, **kw: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return await fn(*args, **kw)
+            except (rx.RedisError, rx.RedisClusterException, OSError) as e:
+                action, err = classify(e)
+                if action == "reload":
+                    self.sha.clear()
+                    raise err from e
+                if action == "retry" and retry and attempt < self.settings.retry_attempts:
+                    self.retries += 1
+                    await asyncio.sleep(backoff_s(attempt))
+                    attempt += 1
+                    continue
+                raise err from e
+
+    async def script(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
+    ) -> Any:
+        for _ in range(3):
+            sha = await self.load(name)
+            try:
+                return await self.call(self.r.evalsha, sha, len(keys), *keys, *args, retry=retry)
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        raise RedisbusError(f"could not load script {name}")
+
+    async def scripts(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
+        """Several idempotent script calls: one round trip on a standalone server."""
+        if self.cluster or len(calls) == 1:
+            return [await self.script(n, k, a) for n, k, a in calls]
+        for _ in range(3):
+            shas = [await self.load(n) for n, _, _ in calls]
+
+            async def run(
+                shas: list[str] = shas,
+            ) -> Any:  # execute() spends a pipeline: one per try
+                pipe = self.r.pipeline(transaction=False)
+                for sha, (_, k, a) in zip(shas, calls, strict=True):
+                    pipe.evalsha(sha, len(k), *k, *a)
+                return await pipe.execute()
+
+            try:
+                return list(await self.call(run))
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        raise RedisbusError("could not load scripts")
+
+    async def scripts_raw(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
+        """Script calls in one pipeline, not retried (sends); a failed call's slot holds its
+        typed error instead of raising. Calls refused for a lost script cache are rerun."""
+        if self.cluster:
+            out: builtins.list[Any] = []
+            for n, k, a in calls:
+                try:
+                    out.append(await self.script(n, k, a, retry=False))
+                except RedisbusError as e:
+                    out.append(e)
+            return out
+        commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
+        try:
+            if self.lane is not None:
+                raw = await self.lane.run_many(commands)
+            else:
+                pipe = self.r.pipeline(transaction=False)
+                for c in commands:
+                    pipe.execute_command(*c)
+                raw = await pipe.execute(raise_on_error=False)
+        except (rx.RedisError, rx.RedisClusterException, OSError) as e:
+            raise classify(e)[1] from e
+        out = []
+        for (n, k, a), r in zip(calls, raw, strict=True):
+            if isinstance(r, rx.NoScriptError):
+                self.sha.clear()
+                try:
+                    r = await self.script(n, k, a, retry=False)
+                except RedisbusError as e:
+                    r = e
+            elif isinstance(r, Exception):
+                err = classify(r)[1]
+                err.__cause__ = r
+                r = err
+            out.append(r)
+        return out
+
+    async def replicate(self, key: str, replicas: int, timeout_s: float) -> bool:
+        """WAIT for ``replicas`` replicas of the node holding ``key``; False when not reached.
+
+        Never retried: after a reconnect WAIT would vouch for whatever node answers then
+        (perhaps a newly promoted primary), not for this write. A dropped WAIT is False."""
+        ms = max(1, int(timeout_s * 1000))
+        try:
+            if self.cluster:
+                node = self.r.get_node_from_key(key)
+                n = await self.call(
+                    self.r.execute_command, "WAIT", replicas, ms, target_nodes=node, retry=False
+                )
+            else:
+                n = await self.call(self.r.wait, replicas, ms, retry=False)
+        except BusConnectionError:
+            return False
+        return int(n) >= replicas
+
+    async def fetch(
+        self,
+        keys: ChannelKeys,
+        group: str,
+        consumer: str,
+        cursor: str,
+        block_ms: int | None,
+        settle: builtins.list[str] | None,
+        mark_after: str | None = None,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
+        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
+        with the deferred ``settle`` ops before it and the "n" op after it (see
+        ``_io_sync.IO.fetch``): what the fetch returns is marked read before the reply comes
+        back, and the op's reply carries the clock."""
+        settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
+        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
+        for _ in range(3):
+            try:
+                if self.cluster:
+                    if settle:
+                        await self.script("settle", settle_keys, [group, *settle])
+                    res = await self.call(
+                        self.r.xreadgroup,
+                        group,
+                        consumer,
+                        {keys.stream: cursor},
+                        count=500,
+                        block=block_ms,
+                    )
+                    if post:
+                        await self.script("settle", settle_keys, post)
+                    now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
+                else:
+                    sha = await self.load("settle") if settle or post else ""
+
+                    # execute() spends a pipeline: one per try
+                    async def run(sha: str = sha) -> Any:
+                        pipe = self.r.pipeline(transaction=False)
+                        if settle:
+                            pipe.evalsha(sha, 4, *settle_keys, group, *settle)
+                        pipe.xreadgroup(
+                            group, consumer, {keys.stream: cursor}, count=500, block=block_ms
+                        )
+                        if post:  # it replies with the Redis clock too
+                            pipe.evalsha(sha, 4, *settle_keys, *post)
+                        else:
+                            pipe.time()
+                        return await pipe.execute()
+
+                    out = await self.call(run)
+                    res = out[1 if settle else 0]
+                    now = out[-1][1:] if post else out[-1]
+                break
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        else:
+            raise RedisbusError("could not load scripts")
+        now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
+        entries = res[0][1] if res else []
+        return entries, now_ms

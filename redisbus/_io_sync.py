@@ -1,0 +1,266 @@
+"""The sync face's Redis boundary: one client, the script SHAs, retries and the wrapping of
+Redis errors, on the socket lane where it is free. Hand-written per face (the async twin is
+``_io_async``); everything above it is generated from ``_async/``."""
+
+from __future__ import annotations
+
+import builtins
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis import exceptions as rx
+
+from ._errors import BusConnectionError, RedisbusError
+from ._keys import ChannelKeys
+from ._redis import Lane, backoff_s, classify
+from ._scripts import source
+from ._settings import BusSettings
+
+__all__ = ["IO"]
+
+
+class IO:
+    """One Redis client, the script SHAs, and the retry/wrap boundary."""
+
+    def __init__(self, client: Any, settings: BusSettings, cluster: bool) -> None:
+        self.r = client
+        self.settings = settings
+        self.cluster = cluster
+        self.sha: dict[str, str] = {}
+        self.lane = Lane(client) if not cluster and Lane.usable(client) else None
+        # a second one for wait()'s blocking fetches, so a waiting thread never keeps the
+        # scripts' lane from the others
+        self.fetch_lane = Lane(client) if self.lane is not None else None
+        # Bumped on every retry: a retried fetch may have delivered entries whose reply was
+        # lost, so the agents re-read their own pending entries (see Agent._fetch).
+        self.retries = 0
+
+    def load(self, name: str) -> str:
+        sha = self.sha.get(name)
+        if sha is None:
+            sha = self.sha[name] = self.call(self.r.script_load, source(name))
+        return sha
+
+    def call(self, fn: Callable[..., Any], *args: Any, retry: bool = True, **kw: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return fn(*args, **kw)
+            except (rx.RedisError, rx.RedisClusterException, OSError) as e:
+                action, err = classify(e)
+                if action == "reload":
+                    self.sha.clear()
+                    raise err from e
+                if action == "retry" and retry and attempt < self.settings.retry_attempts:
+                    self.retries += 1
+                    time.sleep(backoff_s(attempt))
+                    attempt += 1
+                    continue
+                raise err from e
+
+    def script(
+        self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
+    ) -> Any:
+        lane, sha = self.lane, self.sha.get(name)
+        if lane is not None and sha is not None:
+            # the hot path: straight onto the lane; any trouble is classified as call() would
+            # and, when it may be repeated, handed to the general path below
+            try:
+                reply = lane.run("EVALSHA", sha, len(keys), *keys, *args)
+            except (rx.RedisError, OSError) as e:
+                action, err = classify(e)
+                if action == "raise" or (action == "retry" and not retry):
+                    raise err from e
+                if action == "reload":
+                    self.sha.clear()
+                else:
+                    self.retries += 1
+                    time.sleep(backoff_s(0))
+            else:
+                if reply is not Lane.BUSY:
+                    return reply
+        for _ in range(3):
+            sha = self.load(name)
+            try:
+                return self.call(self._evalsha, sha, keys, args, retry=retry)
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        raise RedisbusError(f"could not load script {name}")
+
+    def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self.lane is not None:
+            reply = self.lane.run("EVALSHA", sha, len(keys), *keys, *args)
+            if reply is not Lane.BUSY:
+                return reply
+        return self.r.evalsha(sha, len(keys), *keys, *args)
+
+    def close(self) -> None:
+        for lane in (self.lane, self.fetch_lane):
+            if lane is not None:
+                lane.close()
+        self.r.close()
+
+    def scripts(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
+        """Several idempotent script calls: one round trip on a standalone server."""
+        if self.cluster or len(calls) == 1:
+            return [self.script(n, k, a) for n, k, a in calls]
+        for _ in range(3):
+            commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
+            try:
+                return list(self.call(self._on_lane, self.lane, commands))
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        raise RedisbusError("could not load scripts")
+
+    def scripts_raw(
+        self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
+    ) -> builtins.list[Any]:
+        """Script calls in one round trip (on the lane when it is free, else a redis-py
+        pipeline), not retried (sends); a failed call's slot holds its typed error instead of
+        raising. Calls refused for a lost script cache are rerun."""
+        if self.cluster:
+            out: builtins.list[Any] = []
+            for n, k, a in calls:
+                try:
+                    out.append(self.script(n, k, a, retry=False))
+                except RedisbusError as e:
+                    out.append(e)
+            return out
+        commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
+        try:
+            raw = Lane.BUSY if self.lane is None else self.lane.run_many(commands)
+            if raw is Lane.BUSY:
+                pipe = self.r.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                raw = pipe.execute(raise_on_error=False)
+        except (rx.RedisError, rx.RedisClusterException, OSError) as e:
+            raise classify(e)[1] from e
+        out = []
+        for (n, k, a), r in zip(calls, raw, strict=True):
+            if isinstance(r, rx.NoScriptError):
+                self.sha.clear()
+                try:
+                    r = self.script(n, k, a, retry=False)
+                except RedisbusError as e:
+                    r = e
+            elif isinstance(r, Exception):
+                err = classify(r)[1]
+                err.__cause__ = r
+                r = err
+            out.append(r)
+        return out
+
+    def replicate(self, key: str, replicas: int, timeout_s: float) -> bool:
+        """WAIT for ``replicas`` replicas of the node holding ``key``; False when not reached.
+
+        Never retried: after a reconnect WAIT would vouch for whatever node answers then
+        (perhaps a newly promoted primary), not for this write. A dropped WAIT is False."""
+        ms = max(1, int(timeout_s * 1000))
+        try:
+            if self.cluster:
+                node = self.r.get_node_from_key(key)
+                n = self.call(
+                    self.r.execute_command, "WAIT", replicas, ms, target_nodes=node, retry=False
+                )
+            else:
+                n = self.call(self.r.wait, replicas, ms, retry=False)
+        except BusConnectionError:
+            return False
+        return int(n) >= replicas
+
+    def fetch(
+        self,
+        keys: ChannelKeys,
+        group: str,
+        consumer: str,
+        cursor: str,
+        block_ms: int | None,
+        settle: builtins.list[str] | None,
+        mark_after: str | None = None,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
+        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
+        with the deferred ``settle`` ops before it and, with ``mark_after`` (the last entry id
+        this consumer fetched before), the "n" op right after it: what the fetch returns is
+        marked read on the server before the reply comes back, and the op's reply carries the
+        clock (else a TIME follows the read)."""
+        settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
+        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
+        for _ in range(3):
+            try:
+                if self.cluster:
+                    if settle:
+                        self.script("settle", settle_keys, [group, *settle])
+                    res = self.call(
+                        self.r.xreadgroup,
+                        group,
+                        consumer,
+                        {keys.stream: cursor},
+                        count=500,
+                        block=block_ms,
+                    )
+                    if post:
+                        self.script("settle", settle_keys, post)
+                    now = self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
+                else:
+                    sha = self.load("settle") if settle or post else ""
+                    commands: builtins.list[tuple[Any, ...]] = []
+                    if settle:
+                        commands.append(("EVALSHA", sha, 4, *settle_keys, group, *settle))
+                    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+                    if block_ms is not None:
+                        read += ("BLOCK", block_ms)
+                    commands.append((*read, "STREAMS", keys.stream, cursor))
+                    if post:  # it replies with the Redis clock too
+                        commands.append(("EVALSHA", sha, 4, *settle_keys, *post))
+                    else:
+                        commands.append(("TIME",))
+                    out = self.call(self._on_lane, self.fetch_lane, commands)
+                    res = out[1 if settle else 0]
+                    now = out[-1][1:] if post else out[-1]
+                break
+            except RedisbusError as e:
+                if not isinstance(e.__cause__, rx.NoScriptError):
+                    raise
+        else:
+            raise RedisbusError("could not load scripts")
+        return _entries(res), int(now[0]) * 1000 + int(now[1]) // 1000
+
+    def _on_lane(
+        self, lane: Lane | None, commands: builtins.list[tuple[Any, ...]]
+    ) -> builtins.list[Any]:
+        """Raw commands in one round trip: on ``lane`` when it is free, else a redis-py
+        pipeline (spent on each try). The first error reply raises."""
+        out: Any = Lane.BUSY
+        if lane is not None:
+            out = lane.run_many(commands)
+        if out is Lane.BUSY:
+            pipe = self.r.pipeline(transaction=False)
+            for c in commands:
+                pipe.execute_command(*c)
+            out = pipe.execute(raise_on_error=False)
+        for reply in out:
+            if isinstance(reply, rx.ResponseError):
+                raise reply
+        return out  # type: ignore[no-any-return]
+
+
+def _entries(reply: Any) -> builtins.list[tuple[str, dict[str, str] | None]]:
+    """The entries of a one-stream XREADGROUP reply as (id, fields), whether raw (RESP2 list,
+    RESP3 map, flat field lists) or parsed by redis-py; fields are None for an entry deleted
+    while pending."""
+    if not reply:
+        return []
+    got = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    out = []
+    for entry_id, f in got:
+        if f and not isinstance(f, dict):
+            pairs = iter(f)
+            f = dict(zip(pairs, pairs, strict=True))
+        out.append((entry_id, f or None))
+    return out

@@ -1,0 +1,155 @@
+"""Messages as read back: fields of a stream entry -> ``Message``, who an entry is for, the
+arguments of view.lua (read/list) and the parsing of its reply. No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from . import _validate as check
+from ._filters import Filter, later_id, parse_filter, parse_since
+from ._model import (
+    _EPOCH,
+    Message,
+    WaitKind,
+    _OpenMessage,
+    frozen_as,
+    id_ms,
+)
+from ._signing import Signer
+
+# -- messages -----------------------------------------------------------------------------------
+
+
+def message_from_fields(
+    channel: str,
+    entry_id: str,
+    f: Mapping[str, str],
+    *,
+    read: bool,
+    deliveries: int = 1,
+    verified: bool | None = None,
+) -> Message:
+    # Every wake-up makes one of these: one lookup per field, and the eighteen fields set on
+    # an unguarded twin that then becomes a Message (see _model.frozen_as for why and what
+    # guards it; tests/test_model.py compares the result with the keyword form)
+    get = f.get
+    to, prio, depth, ttl = get("t"), get("p"), get("d"), get("x")
+    m: Any = _OpenMessage()
+    m.id, m.channel, m.sender, m.to = (
+        entry_id,
+        channel,
+        get("f", ""),
+        tuple(to.split("\n")) if to else (),
+    )
+    m.subject, m.body, m.type = get("s", ""), get("b", ""), get("k", "message")
+    m.priority = int(prio) if prio and prio.isdigit() else 0
+    m.reply_to = get("r") or None
+    m.depth = int(depth) if depth and depth.isdigit() else 0
+    m.created_at = _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0]))
+    m.ttl_s = float(ttl) if ttl else None
+    m.read, m.truncated, m.verified, m.deliveries = read, False, verified, deliveries
+    m.idempotency_key, m.trace = get("i") or None, get("c") or None
+    return frozen_as(m, Message)
+
+
+def fields_from_flat(flat: Sequence[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=False))
+
+
+def addressed_to(f: Mapping[str, str], agent: str) -> bool:
+    to = f.get("t")
+    return to is not None and (to == agent or agent in to.split("\n"))
+
+
+def expired_at(entry_id: str, f: Mapping[str, str], now_ms: int) -> bool:
+    ttl = f.get("x")
+    return bool(ttl) and id_ms(entry_id) + float(ttl) * 1000 < now_ms  # type: ignore[arg-type]
+
+
+def wait_kind(agent: str, messages: Sequence[Message]) -> WaitKind:
+    """The kind of a wait() that returns ``messages``: "cancelled" when any is a cancel,
+    "outcome" when all are outcomes, else "message"."""
+    outcomes = bool(messages)
+    for m in messages:
+        if m.type != "outcome":
+            if m.type == "control" and m.subject == "cancel":
+                return "cancelled"
+            outcomes = False
+    return "outcome" if outcomes else "message"
+
+
+# -- views (read / list) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ViewPlan:
+    filter: Filter
+    argv: list[str]
+    limit: int
+
+
+def plan_view(
+    agent: str,
+    consumer: str,
+    routing: str,
+    filter_by: object,
+    since: object,
+    limit: object,
+    *,
+    pull: bool,
+    mark: bool,
+) -> ViewPlan:
+    flt = parse_filter(filter_by)
+    lim = check.integer(limit, "limit", 1, 10_000)
+    lower = later_id(parse_since(since), flt.after)
+    to = agent if flt.to == "me" else (flt.to or "")
+    scope = "board" if routing == "open" else "own"
+    argv = [
+        agent,
+        consumer,
+        "1" if pull else "0",
+        "1" if mark else "0",
+        lower or "",
+        str(lim),
+        "1" if flt.unread else "0",
+        flt.sender or "",
+        to,
+        (flt.subject or "").lower(),
+        scope,
+    ]
+    return ViewPlan(flt, argv, lim)
+
+
+def verdict(
+    signer: Signer | None, unsigned: str, channel: str, f: Mapping[str, str]
+) -> bool | None:
+    """None: signing off. True: verified. False: bad or missing signature, delivered flagged
+    (``unsigned="flag"``). Raises nothing; the caller drops the entry when ``reject``."""
+    if signer is None or not signer.enabled:
+        return None
+    return signer.verify(channel, f)
+
+
+def parse_view(
+    channel: str,
+    agent: str,
+    reply: Sequence[Any],
+    *,
+    preview_chars: int | None,
+    signer: Signer | None = None,
+    unsigned: str = "reject",
+) -> list[Message]:
+    out = []
+    for entry_id, flat, mark in reply[3:]:
+        f = fields_from_flat(flat)
+        ok = verdict(signer, unsigned, channel, f)
+        if ok is False and unsigned == "reject":
+            continue
+        msg = message_from_fields(channel, entry_id, f, read=(mark != ""), verified=ok)
+        if preview_chars is not None and len(msg.body) > preview_chars:
+            msg = replace(msg, body=msg.body[:preview_chars], truncated=True)
+        out.append(msg)
+    return out

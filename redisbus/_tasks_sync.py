@@ -1,0 +1,91 @@
+"""What the sync face does with threads where the async face uses tasks: the heartbeat, the
+sends (no coalescing: each goes from its caller's thread), sleeping, stopping and running
+handlers side by side.
+
+Hand-written per face (the async twin is ``_tasks_async``): these are the places where the
+two faces truly differ. The generated code in ``_sync/`` uses only the names below."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._io_sync import IO
+    from ._model import Message
+
+__all__ = ["Coalescer", "Event", "Handler", "Heart", "Semaphore", "run_all", "sleep"]
+
+log = logging.getLogger("redisbus")
+
+Event = threading.Event
+Semaphore = threading.Semaphore
+sleep = time.sleep
+# what ``serve`` runs for each message: ``handler(agent, message)``
+Handler = Callable[[Any, "Message"], Any]
+
+
+def run_all(calls: Sequence[tuple[str, Callable[[], None]]]) -> None:
+    """Run the named calls side by side (one daemon thread each) until every one returns."""
+    threads = [
+        threading.Thread(target=fn, daemon=True, name=f"redisbus-serve-{name}")
+        for name, fn in calls
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+class Heart:
+    """One thread per Bus: every ``period_s`` it hands its local agents, grouped by channel, to
+    ``beat`` (which renews their leases and reports lost agents). Started by the first join."""
+
+    def __init__(self, period_s: float, beat: Callable[[list[dict[str, Any]]], None]) -> None:
+        self.period_s = period_s
+        self.beat = beat
+        self.agents: dict[str, dict[str, Any]] = {}  # stream key -> name -> handle
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def add(self, agent: Any) -> None:
+        with self.lock:
+            self.agents.setdefault(agent._keys.stream, {})[agent.name] = agent
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="redisbus-heartbeat", daemon=True
+                )
+                self.thread.start()
+
+    def remove(self, agent: Any) -> None:
+        with self.lock:
+            self.agents.get(agent._keys.stream, {}).pop(agent.name, None)
+
+    def groups(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(v) for v in self.agents.values() if v]
+
+    def cancel(self) -> None:
+        self.stop.set()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.period_s):
+            try:
+                self.beat(self.groups())
+            except Exception:  # never let the heartbeat die: the bus's agents would look lost
+                log.exception("redisbus: heartbeat failed; retrying next period")
+
+
+class Coalescer:
+    """The sync face sends from its caller's thread, on the socket lane: nothing to batch."""
+
+    def __init__(self, io: IO) -> None:
+        self.io = io
+
+    def send(self, keys: Sequence[str], argv: Sequence[Any], *, idempotent: bool) -> Any:
+        """One send.lua call, retried only when it carries an idempotency key."""
+        return self.io.script("send", keys, argv, retry=idempotent)
