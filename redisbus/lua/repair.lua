@@ -14,23 +14,6 @@
 local stream, inbox, budget = KEYS[1], KEYS[2], tonumber(ARGV[1]) or 0
 local looked = 0
 
-local function addressed(f, name)
-  for i = 1, #f, 2 do
-    if f[i] == 't' then
-      return string.find('\n' .. f[i + 1] .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
-    end
-  end
-  return false
-end
-
-local function after(a, b) -- entry ids "ms-seq": a strictly after b
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
-  if am ~= bm then return am > bm end
-  return tonumber(as) > tonumber(bs)
-end
-
 local counted, cursors, low = {}, {}, nil
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
   local name, last
@@ -38,7 +21,7 @@ for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
   end
   cursors[name], counted[name] = last, 0
-  if not low or after(low, last) then low = last end
+  if not low or id_before(last, low) then low = last end
   -- pending entries addressed to the agent
   local from = '-'
   while true do
@@ -64,7 +47,7 @@ if low then
         if e[2][i] == 't' then
           for name in string.gmatch(e[2][i + 1], '[^\n]+') do
             local last = cursors[name]
-            if last and after(e[1], last) then counted[name] = counted[name] + 1 end
+            if last and id_before(last, e[1]) then counted[name] = counted[name] + 1 end
           end
         end
       end

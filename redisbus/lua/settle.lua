@@ -32,21 +32,13 @@
 local stream, inbox, marks, status, agent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local nonces, nonce_at = KEYS[5], KEYS[6]
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = time_ms(t)
 local changed = 0
 local replayed = {}
 -- set when an entry was rejected: an entry a raw XADD wrote (an attack) was never counted in,
 -- so the count is kept, at the end, at least what the group still holds pending (repair.lua
 -- gives the exact count)
 local clamp = false
-
-local function before(a, b) -- entry ids "ms-seq": a strictly before b
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
-  if am ~= bm then return am < bm end
-  return tonumber(as) < tonumber(bs)
-end
 
 local function reject(id, reason)
   if redis.call('XACK', stream, agent, id) == 1 then
@@ -58,21 +50,6 @@ local function reject(id, reason)
   return 0
 end
 
--- the entry carries a (key, nonce) an earlier entry carried: a copy. Copies always come later
--- in the stream than their original (XADD ids only grow), so the first id wins, whichever
--- recipient saw which first.
-local function replay(id, sig)
-  local kid, nonce = string.match(sig, '^([^:]*):([^:]*):')
-  if not nonce or nonce == '' then return false end
-  local tag = kid .. ':' .. nonce
-  local first = redis.call('HGET', nonces, tag)
-  if first and before(first, id) then return true end
-  if first ~= id then
-    redis.call('HSET', nonces, tag, id)
-    redis.call('ZADD', nonce_at, now, tag)
-  end
-  return false
-end
 for i = 2, #ARGV, 2 do
   local op, id = ARGV[i], ARGV[i + 1]
   if op == 'a' then
@@ -104,7 +81,7 @@ for i = 2, #ARGV, 2 do
         end
         if not string.find('\n' .. to .. '\n', me, 1, true) then
           changed = changed + redis.call('XACK', stream, agent, eid)
-        elseif keep > 0 and sig and replay(eid, sig) then
+        elseif keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
           changed = changed + reject(eid, 'replay')
           replayed[#replayed + 1] = eid
         elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then

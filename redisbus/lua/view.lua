@@ -28,17 +28,8 @@ local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 local nonces, nonce_at, keep = KEYS[4], KEYS[5], tonumber(ARGV[12]) or 0
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
-local function field(f, k)
-  for i = 1, #f, 2 do if f[i] == k then return f[i + 1] end end
-  return nil
-end
-local function addressed(f, name)
-  local to = field(f, 't') or ''
-  return string.find('\n' .. to .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
-end
 local function expired(id, f)
   local ttl = field(f, 'x')
   if not ttl then return false end
@@ -52,28 +43,11 @@ local function expire(id)
   end
 end
 
-local function before(a, b) -- entry ids "ms-seq": a strictly before b
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
-  if am ~= bm then return am < bm end
-  return tonumber(as) < tonumber(bs)
-end
--- (settle.lua's rule) a copy: an earlier entry carried its (key, nonce); record = remember
--- this one as the first when none earlier is known
+-- a signed entry whose (key, nonce) an earlier entry carried (settle.lua's rule); with
+-- `record`, remember this one as the first when no earlier one is known
 local function copied(id, f, record)
   local sig = keep > 0 and field(f, 'g')
-  if not sig then return false end
-  local kid, nonce = string.match(sig, '^([^:]*):([^:]*):')
-  if not nonce or nonce == '' then return false end
-  local tag = kid .. ':' .. nonce
-  local first = redis.call('HGET', nonces, tag)
-  if first and before(first, id) then return true end
-  if record and first ~= id then
-    redis.call('HSET', nonces, tag, id)
-    redis.call('ZADD', nonce_at, now, tag)
-  end
-  return false
+  return sig and seen_before(nonces, nonce_at, id, sig, now, record) or false
 end
 local function reject_copy(id)
   if redis.call('XACK', stream, agent, id) == 1 then
