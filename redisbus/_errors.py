@@ -20,7 +20,10 @@
     ├── AgentClosed                            the agent failed, was cancelled or lost
     │   └── RecipientClosed                    ... and so cannot receive
     ├── ChannelPaused                          the channel refuses sends until resumed
-    ├── DeadLettered                           (receipts only) delivered too many times
+    ├── MessageRejected (.reason)              a receiver refused the entry (signature, key,
+    │                                          time, replay): on a receipt, never raised
+    ├── DeadLettered (.reason)                 delivered too many times: on a receipt, never
+    │                                          raised
     ├── BusClosed                              the bus was closed: no call works any more
     └── BusConnectionError                     Redis unreachable after retries
 
@@ -47,6 +50,7 @@ __all__ = [
     "InvalidInput",
     "LimitExceeded",
     "LoopRefused",
+    "MessageRejected",
     "NotPermitted",
     "RateLimited",
     "RecipientClosed",
@@ -186,6 +190,17 @@ class RecipientClosed(AgentClosed):
 
 class ChannelPaused(RedisbusError):
     code = "channel_paused"
+
+
+class MessageRejected(RedisbusError):
+    """A receiver refused the entry: ``reason`` is one of ``_signing.REASONS`` (bad or
+    missing signature, untrusted, revoked or disallowed key, misaddressed, stale, replay)."""
+
+    code = "message_rejected"
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class DeadLettered(RedisbusError):

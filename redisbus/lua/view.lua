@@ -1,7 +1,8 @@
 -- view.lua: the read and list calls: fetch new entries into the agent's group (read only),
 -- select the messages a filter asks for, and mark the ones addressed to the agent as read.
 --
--- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks
+-- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] nonces  KEYS[5] nonce times
+--   (the replay record of settle.lua: "kid:nonce" -> first entry id, and when it was seen)
 -- ARGV[1]  agent (its group)   ARGV[2] consumer (replica)
 -- ARGV[3]  "1": fetch new entries first (read) — entries not addressed to the agent are
 --          acknowledged at once, the others stay pending until done; "0": change nothing (list)
@@ -14,7 +15,10 @@
 --          by "\n", each the forms that character may take ("\t" between them: its lower,
 --          upper, title and case-folded forms), so case folding is Python's, not Lua's ASCII one
 -- ARGV[11] scope: "board" (every message of the channel) or "own" (to or from the agent)
--- ARGV[12] resume token of the previous call's reply, or "" to start
+-- ARGV[12] replay horizon (ms) when signing is on, else "0": a signed entry whose (key, nonce)
+--          an earlier entry carried is a copy: never shown; one fetched here is rejected
+--          (acknowledged, counted down, marked "J<ms>:replay", as settle.lua does)
+-- ARGV[13] resume token of the previous call's reply, or "" (or absent) to start
 --
 -- returns {now_ms, scanned, more, resume, {id, {field, value, ...}, mark}, ...}
 --   more is 1 when the fetch stopped at its cap (20000 entries) with entries left
@@ -23,7 +27,7 @@
 --   ("p", "n", "f" tokens: later entries follow; "v": earlier ones, newest-first scans), or
 --   the fetch did ("a": fetch more, then select again)
 --   mark is "" (unread, or not addressed to the agent), "-" (not addressed to the agent),
---   or the receipt mark ("R..." read, "D..." done)
+--   or the receipt mark ("R..." read, "D..." done); rejected ("J...") entries are left out
 --
 -- Unread messages are found without walking the stream: they are the group's pending entries
 -- not marked read (looked up by id from XPENDING), then, for list (no fetch), the entries after
@@ -34,19 +38,11 @@ local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local resume = ARGV[12] or ''
+local nonces, nonce_at, keep = KEYS[4], KEYS[5], tonumber(ARGV[12]) or 0
+local resume = ARGV[13] or ''
 local CAP = 20000
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
-local function field(f, k)
-  for i = 1, #f, 2 do if f[i] == k then return f[i + 1] end end
-  return nil
-end
-local function addressed(f, name)
-  local to = field(f, 't') or ''
-  return string.find('\n' .. to .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
-end
 local function expired(id, f)
   local ttl = field(f, 'x')
   if not ttl then return false end
@@ -59,16 +55,9 @@ local function expire(id)
     redis.call('HSET', marks, id .. '\n' .. agent, 'X' .. now)
   end
 end
-local function before(a, b) -- entry ids "ms-seq": a < b
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, bm = tonumber(am), tonumber(bm)
-  if am ~= bm then return am < bm end
-  return tonumber(as) < tonumber(bs)
-end
 local function later(a, b) -- the later of two ids, either may be ""
   if a == '' then return b end
-  if b == '' or before(b, a) then return a end
+  if b == '' or id_before(b, a) then return a end
   return b
 end
 
@@ -95,6 +84,22 @@ local function subject_matches(s)
   return #wanted == 0
 end
 
+-- a signed entry whose (key, nonce) an earlier entry carried (settle.lua's rule); with
+-- `record`, remember this one as the first when no earlier one is known
+local function copied(id, f, record)
+  local sig = keep > 0 and field(f, 'g')
+  return sig and seen_before(nonces, nonce_at, id, sig, now, record) or false
+end
+local function reject_copy(id)
+  if redis.call('XACK', stream, agent, id) == 1 then
+    -- a copy a raw XADD wrote was never counted in: never below what the group still holds
+    -- pending (as settle.lua; repair.lua gives the exact count)
+    local held = redis.call('XPENDING', stream, agent)[1]
+    if redis.call('HINCRBY', inbox, agent, -1) < held then redis.call('HSET', inbox, agent, held) end
+    redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':replay')
+  end
+end
+
 local more = 0 -- 1: the fetch stopped at its cap with entries left (call again)
 if pull then
   local fetched = 0
@@ -107,11 +112,14 @@ if pull then
       if type(r[1]) == 'table' then entries = r[1][2] end
     end
     local others = {}
+    local copies = {} -- rejected once the others' entries are acknowledged (see reject_copy)
     for _, e in ipairs(entries) do
       if not addressed(e[2], agent) then others[#others + 1] = e[1]
-      elseif expired(e[1], e[2]) then expire(e[1]) end
+      elseif expired(e[1], e[2]) then expire(e[1])
+      elseif copied(e[1], e[2], true) then copies[#copies + 1] = e[1] end
     end
     if #others > 0 then redis.call('XACK', stream, agent, unpack(others)) end
+    for _, id in ipairs(copies) do reject_copy(id) end
     fetched = fetched + #entries
     if #entries < 1000 then break end
     if fetched >= CAP then more = 1 break end
@@ -132,13 +140,18 @@ local function consider(e)
   local mk = '-'
   if mine then
     mk = redis.call('HGET', marks, id .. '\n' .. agent) or ''
-    if string.sub(mk, 1, 1) == 'X' or string.sub(mk, 1, 1) == 'F' then return end
+    local m1 = string.sub(mk, 1, 1)
+    if m1 == 'X' or m1 == 'F' or m1 == 'J' then return end
     if mk == '' and expired(id, f) then
       if mark_read then expire(id) end
       return
     end
   end
   if unread_only and mk ~= '' then return end
+  if copied(id, f, false) then
+    if mine and mark_read then reject_copy(id) end
+    return
+  end
   if mine and mark_read and mk == '' then
     redis.call('HSET', marks, id .. '\n' .. agent, 'R' .. now)
   end
@@ -176,7 +189,7 @@ if unread_only then
       for _, p in ipairs(pel) do
         local id = p[1]
         last = id
-        if from_id == '' or before(from_id, id) then
+        if from_id == '' or id_before(from_id, id) then
           scanned = scanned + 1
           if not redis.call('HGET', marks, id .. '\n' .. agent) then
             local e = redis.call('XRANGE', stream, id, id)[1]
