@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from .._settings import BusSettings
+from ..aio import AsyncBus
 from ._app import LOOPBACK_HOSTS, ConsoleConfig, create_app
 
 __all__ = ["ConsoleConfig", "create_app", "main", "parser"]
@@ -92,7 +93,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError:
         sys.stderr.write("redisbus console: needs the extra: pip install 'redisbus[console]'\n")
         return 1
-    from ..aio import AsyncBus
 
     updates: dict[str, object] = {"metrics": False}  # it sends nothing: no client metrics
     if args.url:
