@@ -37,6 +37,7 @@ LAZY_OK: dict[str, str] = {
     "tools": "the host application: present only inside Hermes",
     "redisbus.exporter": "heavy (prometheus_client, the fleet reader): only its commands",
     "redisbus.integrations.mcp._server": "optional: the MCP SDK, only when `redisbus mcp` runs",
+    "redisbus._trust": "optional: cryptography (the signing extra), only with per-host keys",
 }
 # (importing module, imported module): function-level imports in modules owned elsewhere that
 # are waiting to move to the top; remove an entry when its import moves.
