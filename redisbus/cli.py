@@ -56,6 +56,7 @@ PLUGINS: dict[str, tuple[str, str]] = {
     "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
     "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
+    "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
 }
 
 
