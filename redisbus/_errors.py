@@ -19,6 +19,7 @@
     ├── AgentClosed                            the agent failed, was cancelled or lost
     │   └── RecipientClosed                    ... and so cannot receive
     ├── ChannelPaused                          the channel refuses sends until resumed
+    ├── AskTimeout (also a TimeoutError)       ask(): no reply before the timeout (.request_id)
     └── BusConnectionError                     Redis unreachable after retries
 
 Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
@@ -31,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "AgentClosed",
+    "AskTimeout",
     "BudgetExceeded",
     "BusConnectionError",
     "ChainTooDeep",
@@ -134,6 +136,17 @@ class RecipientClosed(AgentClosed):
 
 class ChannelPaused(RedisbusError):
     code = "channel_paused"
+
+
+class AskTimeout(RedisbusError, TimeoutError):
+    """``ask()`` got no reply before its timeout. The request was sent (``request_id``); a
+    late reply is an ordinary message for a later ``wait()`` or ``read()``."""
+
+    code = "ask_timeout"
+
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class BusConnectionError(RedisbusError, ConnectionError):

@@ -39,6 +39,13 @@ class BusSettings(BaseSettings):
     ssl_ca_certs: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    max_connections: int = Field(
+        default=2000,
+        ge=2,
+        description="connections per bus and server: each waiting async agent holds one while "
+        "it blocks (a blocking XREADGROUP needs a connection of its own), so this bounds the "
+        "async agents that wait at once in one process",
+    )
     username: str | None = None
     password: str | None = None
 
