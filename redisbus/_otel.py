@@ -22,11 +22,11 @@ costs one call per operation (a provider set later is picked up at once).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["load", "on", "processing"]
+__all__ = ["continued", "load", "on", "processing"]
 
 #: True when opentelemetry is importable (``load()`` looked once): the hot paths' one test
 on = False
@@ -116,6 +116,12 @@ def start_send(channel: str, sender: str, trace: str | None, batch: int = 0) -> 
     """(span or None, the trace field to send): a PRODUCER span when an SDK is configured."""
     t = tracer()
     if t is None:
+        # no SDK here: still pass on a context someone made current (e.g. ``continued()`` on
+        # a caller's traceparent), as the API's no-op tracing does
+        if trace is None:
+            current = _api.get_current_span()
+            if current.get_span_context().is_valid:
+                trace = header_of(current)
         return None, trace
     attrs = _attrs("send", channel)
     attrs["messaging.client.id"] = sender
@@ -213,6 +219,23 @@ def processing(agent: Any, message: Any) -> Iterator[Any]:
         set_status_on_exception=True,
     ) as span:
         yield span
+
+
+@contextmanager
+def continued(headers: Mapping[str, str]) -> Iterator[None]:
+    """Make the W3C trace context in ``headers`` (``traceparent``/``tracestate``, e.g. of an
+    HTTP request) current for the block: a message sent inside it continues that trace."""
+    if not load() or "traceparent" not in headers:
+        yield
+        return
+    from opentelemetry import context
+
+    carrier = {k: headers[k] for k in ("traceparent", "tracestate") if k in headers}
+    token = context.attach(_propagator.extract(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 def now_ns() -> int:
