@@ -154,6 +154,9 @@ def bus_send_many(ctx: Ctx, batch: int = 100) -> Metrics:
 
 
 def _bus_sender(url: str, channel: str, n: int, rate: float, ready: Event, go: Event) -> None:
+    from bench.otel import apply
+
+    apply()  # the tracing setup of the process that spawned this one (bench/otel.py)
     from redisbus import Bus
 
     bus = Bus.from_url(url)

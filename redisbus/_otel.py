@@ -15,8 +15,9 @@ instrumentation), and every send and wake-up on a lane is inside one of them.
 
 Cost: nothing is imported until a bus is made. When ``opentelemetry`` is not installed,
 ``on`` stays False and the hot paths pay one test of it. When the API is installed but no
-SDK is configured, the tracer provider is the API's proxy: no span is made, and the check
-costs one call per operation (a provider set later is picked up at once).
+SDK is configured, no span is made: the check is a clock read per operation (the provider
+is looked up at most once a second, see ``tracer()``), plus passing on a context someone
+made current.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _propagator: Any = None
 _no_sdk: tuple[type, ...] = ()
 _provider: Any = None
 _tracer: Any = None
+_next_check = 0.0  # monotonic time of the next look for an SDK provider
 
 SYSTEM = "redis"  # messaging.system: the bus is Redis Streams (no well-known value for it)
 
@@ -60,16 +62,24 @@ def load() -> bool:
 
 
 def tracer() -> Any:
-    """The redisbus tracer, or None while no SDK provider is configured."""
-    global _provider, _tracer
+    """The redisbus tracer, or None while no SDK provider is configured.
+
+    OpenTelemetry sets the global provider once per process, so a real tracer is kept for
+    good. Until there is one, asking the API costs microseconds (it looks at the environment
+    each time), so it is asked at most once a second: a provider set later is picked up
+    within a second."""
+    global _provider, _tracer, _next_check
+    if _tracer is not None:
+        return _tracer
+    now = time.monotonic()
+    if now < _next_check:
+        return None
+    _next_check = now + 1.0
     provider = _api.get_tracer_provider()
-    if provider is not _provider:
+    if not isinstance(provider, _no_sdk):
         from . import __version__
 
-        _provider = provider
-        _tracer = (
-            None if isinstance(provider, _no_sdk) else provider.get_tracer("redisbus", __version__)
-        )
+        _provider, _tracer = provider, provider.get_tracer("redisbus", __version__)
     return _tracer
 
 
