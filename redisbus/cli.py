@@ -8,10 +8,11 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
     2  bad input (usage, a malformed filter or time, an out-of-range value)
     3  no Redis (REDISBUS_URL unset or unreachable)
 
-The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover)
-and ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by
-other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
-provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
+The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
+``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo) and ``_cli_a2a`` (a2a).
+Commands owned by other modules (``mcp``, ``exporter``, ``janitor``) are listed in
+``PLUGINS``: each such module provides ``main(argv: list[str]) -> int`` and is imported only
+when its command runs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import click
 import typer
 from rich.text import Text
 
-from . import __version__, _cli_ops, _cli_talk  # noqa: F401 - they register commands
+from . import __version__, _cli_a2a, _cli_ops, _cli_talk  # noqa: F401 - they register commands
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
@@ -56,7 +57,6 @@ PLUGINS: dict[str, tuple[str, str]] = {
     "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
     "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
     "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
-    "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
 }
 
 
