@@ -97,9 +97,9 @@ class ExporterSettings(BusSettings):
     exporter_max_channels: int = Field(default=1000, ge=1, description="channels read per pass")
     watchdog_stale_s: float = Field(default=60.0, gt=0, description="unread older than this")
     watchdog_webhook_url: str | None = Field(default=None, description="POST JSON per change")
-    watchdog_webhook_timeout_s: float = Field(default=5.0, gt=0)
+    watchdog_webhook_timeout_s: float = Field(default=5.0, gt=0, description="webhook POST")
     janitor: bool = Field(default=True, description="run the janitor in the exporter")
-    janitor_interval_s: float = Field(default=30.0, gt=0)
+    janitor_interval_s: float = Field(default=30.0, gt=0, description="between janitor runs")
 
 
 # -- what is read from Redis besides the channels -----------------------------------------------

@@ -74,21 +74,9 @@ async def emit(level: str, text: str) -> None:
 
 
 def tool_error(e: RedisbusError) -> ToolError:
-    """The typed reason first, so a model (or a script) can act on it."""
-    text = f"{e.code}: {e}"
-    if isinstance(e, LimitExceeded):
-        extra = [
-            f"{k}={v:g}"
-            for k, v in (
-                ("limit", e.limit),
-                ("current", e.current),
-                ("retry_after_s", e.retry_after_s),
-            )
-            if v is not None
-        ]
-        if extra:
-            text += f" ({', '.join(extra)})"
-    return ToolError(text)
+    """The typed reason first, so a model (or a script) can act on it; a limit's str() carries
+    its limit, current value and retry time already."""
+    return ToolError(f"{e.code}: {e}")
 
 
 def _receipt(r: Any) -> ReceiptOut:
