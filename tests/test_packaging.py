@@ -34,6 +34,8 @@ EXTRA_OF = {
     "redisbus/testing.py": "testing",
     "redisbus/integrations/mcp.py": "mcp",
     "redisbus/integrations/hermes/": "hermes",
+    "redisbus/_otel.py": "otel",
+    "redisbus/_cli_a2a.py": "a2a",
 }
 
 
