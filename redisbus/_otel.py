@@ -15,9 +15,8 @@ instrumentation), and every send and wake-up on a lane is inside one of them.
 
 Cost: nothing is imported until a bus is made. When ``opentelemetry`` is not installed,
 ``on`` stays False and the hot paths pay one test of it. When the API is installed but no
-SDK is configured, no span is made: the check is a clock read per operation (the provider
-is looked up at most once a second, see ``tracer()``), plus passing on a context someone
-made current.
+SDK is configured, no span is made: the check reads the API's provider slot (see
+``tracer()``), and a context someone made current is passed on.
 """
 
 from __future__ import annotations
@@ -34,9 +33,10 @@ on = False
 _loaded = False
 _api: Any = None  # opentelemetry.trace
 _propagator: Any = None
+_get_context: Any = None  # opentelemetry.context.get_current
 _no_sdk: tuple[type, ...] = ()
-_provider: Any = None
 _tracer: Any = None
+_NO_SLOT: Any = object()
 _next_check = 0.0  # monotonic time of the next look for an SDK provider
 
 SYSTEM = "redis"  # messaging.system: the bus is Redis Streams (no well-known value for it)
@@ -44,19 +44,21 @@ SYSTEM = "redis"  # messaging.system: the bus is Redis Streams (no well-known va
 
 def load() -> bool:
     """Import opentelemetry once, if it is installed; every bus constructor calls this."""
-    global on, _loaded, _api, _propagator, _no_sdk
+    global on, _loaded, _api, _propagator, _no_sdk, _get_context
     if _loaded:
         return on
     _loaded = True
     try:
         from opentelemetry import trace
+        from opentelemetry.context import get_current
         from opentelemetry.trace.propagation.tracecontext import (
             TraceContextTextMapPropagator,
         )
     except ImportError:
         return False
-    _api, _propagator = trace, TraceContextTextMapPropagator()
+    _api, _propagator, _get_context = trace, TraceContextTextMapPropagator(), get_current
     _no_sdk = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    trace.get_tracer_provider()  # a provider named by OTEL_PYTHON_TRACER_PROVIDER loads here
     on = True
     return True
 
@@ -65,21 +67,26 @@ def tracer() -> Any:
     """The redisbus tracer, or None while no SDK provider is configured.
 
     OpenTelemetry sets the global provider once per process, so a real tracer is kept for
-    good. Until there is one, asking the API costs microseconds (it looks at the environment
-    each time), so it is asked at most once a second: a provider set later is picked up
-    within a second."""
-    global _provider, _tracer, _next_check
+    good. Until there is one, ``get_tracer_provider()`` would cost microseconds per call (it
+    looks the environment up each time): the API module's provider slot is read instead, a
+    private name, so when a future API lacks it the public call is made at most once a
+    second (a clock read per call meanwhile)."""
+    global _tracer, _next_check
     if _tracer is not None:
         return _tracer
-    now = time.monotonic()
-    if now < _next_check:
+    slot = getattr(_api, "_TRACER_PROVIDER", _NO_SLOT)
+    if slot is None:
         return None
-    _next_check = now + 1.0
+    if slot is _NO_SLOT:
+        now = time.monotonic()
+        if now < _next_check:
+            return None
+        _next_check = now + 1.0
     provider = _api.get_tracer_provider()
     if not isinstance(provider, _no_sdk):
         from . import __version__
 
-        _provider, _tracer = provider, provider.get_tracer("redisbus", __version__)
+        _tracer = provider.get_tracer("redisbus", __version__)
     return _tracer
 
 
@@ -129,9 +136,11 @@ def start_send(channel: str, sender: str, trace: str | None, batch: int = 0) -> 
         # no SDK here: still pass on a context someone made current (e.g. ``continued()`` on
         # a caller's traceparent), as the API's no-op tracing does
         if trace is None:
-            current = _api.get_current_span()
-            if current.get_span_context().is_valid:
-                trace = header_of(current)
+            ctx = _get_context()
+            if ctx:  # empty unless something was made current
+                current = _api.get_current_span(ctx)
+                if current.get_span_context().is_valid:
+                    trace = header_of(current)
         return None, trace
     attrs = _attrs("send", channel)
     attrs["messaging.client.id"] = sender
