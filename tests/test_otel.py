@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,3 +132,43 @@ def test_an_a2a_callers_traceparent_continues_into_the_members_processing_span(
         srv.stop()
     process = one(spans_of(server), f"process {channel}")
     assert process["trace_id"] == trace_id and process["parent_span_id"] == span_id
+
+
+PROBE = """
+import sys
+if sys.argv[2] == "absent":
+    sys.modules["opentelemetry"] = None  # as when the otel extra is not installed
+from redisbus import Bus, BusSettings, _otel
+bus = Bus.from_url(sys.argv[1], settings=BusSettings(metrics=False))
+ch = bus.channel(sys.argv[3])
+a, b = ch.join("a"), ch.join("b")
+a.send("b", "plain")
+if sys.argv[2] == "api":  # no SDK: a context made current still travels
+    with _otel.continued({"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}):
+        a.send("b", "inside a caller's trace")
+got = b.wait(timeout=5).messages
+print(_otel.on, _otel.tracer() if _otel.on else None, [m.trace for m in got])
+bus.close()
+"""
+
+
+@pytest.mark.parametrize("mode", ["absent", "api"])
+def test_without_an_sdk_no_span_is_made_and_only_a_current_context_travels(
+    redis_url: str, mode: str
+) -> None:
+    channel = f"otel-{mode}-{uuid.uuid4().hex[:6]}"
+    p = subprocess.run(
+        [sys.executable, "-c", PROBE, redis_url, mode, channel],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    if mode == "absent":  # the flag is off: the hot paths skip tracing with one test
+        assert p.stdout.strip() == "False None [None]"
+    else:  # the API without an SDK: no tracer, the plain send carries nothing
+        expected = f"00-{'ab' * 16}-{'cd' * 8}-01"
+        assert p.stdout.strip() == f"True None [None, '{expected}']"
