@@ -32,7 +32,9 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # Modules that may import what only an extra installs; everything else runs on a plain install.
 EXTRA_OF = {
     "redisbus/testing.py": "testing",
-    "redisbus/integrations/mcp.py": "mcp",
+    "redisbus/integrations/mcp/": "mcp",
+    "redisbus/integrations/a2a/": "a2a",
+    "redisbus/console/": "console",
     "redisbus/integrations/hermes/": "hermes",
     "redisbus/_otel.py": "otel",
     "redisbus/_cli_a2a.py": "a2a",
