@@ -14,6 +14,7 @@ enforced atomically in Lua, crash recovery, and Prometheus metrics of delivery l
 
 from ._errors import (
     AgentClosed,
+    AskTimeout,
     BudgetExceeded,
     BusConnectionError,
     ChainTooDeep,
@@ -41,6 +42,7 @@ from .bus import Agent, Bus, Channel
 __all__ = [
     "Agent",
     "AgentClosed",
+    "AskTimeout",
     "AsyncAgent",
     "AsyncBus",
     "AsyncChannel",

@@ -22,6 +22,7 @@
     ├── ChannelPaused                          the channel refuses sends until resumed
     ├── MessageRejected (.reason)              a receiver refused the entry (signature, key,
     │                                          time, replay): on a receipt, never raised
+    ├── AskTimeout (also a TimeoutError)       ask(): no reply before the timeout (.request_id)
     └── BusConnectionError                     Redis unreachable after retries
 
 Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
@@ -35,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "AgentClosed",
+    "AskTimeout",
     "BudgetExceeded",
     "BusConnectionError",
     "ChainTooDeep",
@@ -196,6 +198,17 @@ class MessageRejected(RedisbusError):
     def __init__(self, message: str, *, reason: str = "") -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class AskTimeout(RedisbusError, TimeoutError):
+    """``ask()`` got no reply before its timeout. The request was sent (``request_id``); a
+    late reply is an ordinary message for a later ``wait()`` or ``read()``."""
+
+    code = "ask_timeout"
+
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class BusConnectionError(RedisbusError, ConnectionError):

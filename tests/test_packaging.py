@@ -37,6 +37,8 @@ EXTRA_OF = {
     "redisbus/console/": "console",
     "redisbus/_trust.py": "signing",
     "redisbus/integrations/hermes/": "hermes",
+    "redisbus/_otel.py": "otel",
+    "redisbus/_cli_a2a.py": "a2a",
 }
 
 
