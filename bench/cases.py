@@ -164,6 +164,9 @@ def _bus_sender(
     go: Event,
     signing: dict[str, Any] | None = None,
 ) -> None:
+    from bench.otel import apply
+
+    apply()  # the tracing setup of the process that spawned this one (bench/otel.py)
     from redisbus import Bus, BusSettings
 
     bus = Bus.from_url(url, settings=BusSettings(**(signing or {})))

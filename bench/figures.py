@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from bench import baselines as b
 from bench import cases as c
 from bench.common import Ctx, Metrics
+from bench.otel import isolated
 from bench.report import Metric, Target
 
 Measure = Callable[[Ctx], Metrics]
@@ -176,6 +177,40 @@ FIGURES: tuple[Figure, ...] = (
             Target("msgs_per_s", "ratio_min", 1.0, "faster (> 1x)"),
             Target("missed", "max", 0, "none"),
         ),
+    ),
+)
+
+OTEL_NOTE = (
+    "Each side in a fresh process: opentelemetry not importable (the extra absent) as the "
+    "baseline, the API without an SDK as redisbus, and an SDK with a BatchSpanProcessor and "
+    "an exporter that drops the spans as the reference."
+)
+
+FIGURES += (
+    Figure(
+        "otel_send",
+        "send() with tracing: extra absent / API, no SDK / SDK configured",
+        isolated("api", c.bus_send_seq),
+        (THROUGHPUT, P50),
+        baseline=("opentelemetry absent", isolated("off", c.bus_send_seq)),
+        baseline_is_bus=True,
+        refs=(("SDK, BatchSpanProcessor", isolated("sdk", c.bus_send_seq)),),
+        targets=(Target("msgs_per_s", "ratio_min", 0.95, "API only ≥ 0.95x absent"),),
+        note=OTEL_NOTE,
+    ),
+    Figure(
+        "otel_wakeup",
+        "send → wait() wake-up with tracing: extra absent / API, no SDK / SDK configured",
+        isolated("api", c.bus_wait_wakeup),
+        (P50, P99, MISSED),
+        baseline=("opentelemetry absent", isolated("off", c.bus_wait_wakeup)),
+        baseline_is_bus=True,
+        refs=(("SDK, BatchSpanProcessor", isolated("sdk", c.bus_wait_wakeup)),),
+        targets=(
+            Target("p50_us", "ratio_max", 1.05, "API only ≤ 1.05x absent"),
+            Target("missed", "max", 0, "none"),
+        ),
+        note=OTEL_NOTE,
     ),
 )
 

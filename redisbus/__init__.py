@@ -14,6 +14,7 @@ enforced atomically in Lua, crash recovery, and Prometheus metrics of delivery l
 
 from ._errors import (
     AgentClosed,
+    AskTimeout,
     BudgetExceeded,
     BusClosed,
     BusConnectionError,
@@ -43,6 +44,7 @@ from .bus import Agent, Bus, Channel
 __all__ = [
     "Agent",
     "AgentClosed",
+    "AskTimeout",
     "AsyncAgent",
     "AsyncBus",
     "AsyncChannel",

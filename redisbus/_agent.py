@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from . import _core as core
+from . import _otel as otel
 from ._errors import InvalidInput
 from ._filters import check_entry_id
 from ._model import Message, Receipt, WaitResult, id_ms
@@ -59,6 +60,7 @@ class AgentState:
         self._last_claim = float("-inf")
         self._pel_dirty = False  # read()/mark_done() fetched entries wait() has not returned
         self.slots: Any = None
+        self._wait_ns: int | None = None  # when the current wait() began (for its span)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.channel.name!r}>"
@@ -95,6 +97,8 @@ class AgentState:
     def _result(self, msgs: builtins.list[Message], *, running: bool = False) -> WaitResult:
         if not running:  # (a fetch's "n" op already set it when it returned messages)
             self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
+        if otel.on:
+            otel.received(self.channel.name, self.name, msgs, self._wait_ns, "wait")
         kind = core.wait_kind(self.name, msgs)
         if kind == "cancelled":
             self._cancelled = True

@@ -25,6 +25,7 @@
     ├── DeadLettered (.reason)                 delivered too many times: on a receipt, never
     │                                          raised
     ├── BusClosed                              the bus was closed: no call works any more
+    ├── AskTimeout (also a TimeoutError)       ask(): no reply before the timeout (.request_id)
     └── BusConnectionError                     Redis unreachable after retries
 
 Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
@@ -38,6 +39,7 @@ from typing import Any
 
 __all__ = [
     "AgentClosed",
+    "AskTimeout",
     "BudgetExceeded",
     "BusClosed",
     "BusConnectionError",
@@ -218,6 +220,17 @@ class BusClosed(RedisbusError):
     """The bus (``Bus.close()`` / ``AsyncBus.aclose()``) was closed; make a new one."""
 
     code = "bus_closed"
+
+
+class AskTimeout(RedisbusError, TimeoutError):
+    """``ask()`` got no reply before its timeout. The request was sent (``request_id``); a
+    late reply is an ordinary message for a later ``wait()`` or ``read()``."""
+
+    code = "ask_timeout"
+
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class BusConnectionError(RedisbusError, ConnectionError):

@@ -13,7 +13,7 @@ from redis import exceptions as rx
 
 from ._errors import BusClosed, BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
-from ._redis import AsyncLane, backoff_s, classify
+from ._redis import AsyncLane, backoff_s, classify, stream_entries
 from ._scripts import source
 from ._settings import BusSettings
 
@@ -162,6 +162,14 @@ class IO:
         except BusConnectionError:
             return False
         return int(n) >= replicas
+
+    async def watch(
+        self, stream: str, after: str, block_ms: int
+    ) -> builtins.list[tuple[str, dict[str, str] | None]]:
+        """Entries after ``after`` (XREAD, blocking up to ``block_ms``), outside every consumer
+        group: looking changes no agent's state (``ask()`` watches for its reply this way)."""
+        res = await self.call(self.r.xread, {stream: after}, count=100, block=block_ms)
+        return stream_entries(res)
 
     async def fetch(
         self,

@@ -13,7 +13,7 @@ from redis import exceptions as rx
 
 from ._errors import BusClosed, BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
-from ._redis import Lane, backoff_s, classify
+from ._redis import Lane, backoff_s, classify, stream_entries
 from ._scripts import source
 from ._settings import BusSettings
 
@@ -183,6 +183,16 @@ class IO:
             return False
         return int(n) >= replicas
 
+    def watch(
+        self, stream: str, after: str, block_ms: int
+    ) -> builtins.list[tuple[str, dict[str, str] | None]]:
+        """Entries after ``after`` (XREAD, blocking up to ``block_ms``), outside every consumer
+        group: looking changes no agent's state (``ask()`` watches for its reply this way)."""
+        command = ("XREAD", "COUNT", 100, "BLOCK", block_ms, "STREAMS", stream, after)
+        if self.cluster:
+            return stream_entries(self.call(self.r.execute_command, *command))
+        return stream_entries(self.call(self._on_lane, self.fetch_lane, [command])[0])
+
     def fetch(
         self,
         keys: ChannelKeys,
@@ -245,7 +255,7 @@ class IO:
                     raise
         else:
             raise RedisbusError("could not load scripts")
-        entries = _entries(res)
+        entries = stream_entries(res)
         if replayed:  # settle.lua rejected them: never handed over
             gone = set(replayed)
             entries = [e for e in entries if e[0] not in gone]
@@ -268,19 +278,3 @@ class IO:
             if isinstance(reply, rx.ResponseError):
                 raise reply
         return out  # type: ignore[no-any-return]
-
-
-def _entries(reply: Any) -> builtins.list[tuple[str, dict[str, str] | None]]:
-    """The entries of a one-stream XREADGROUP reply as (id, fields), whether raw (RESP2 list,
-    RESP3 map, flat field lists) or parsed by redis-py; fields are None for an entry deleted
-    while pending."""
-    if not reply:
-        return []
-    got = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-    out = []
-    for entry_id, f in got:
-        if f and not isinstance(f, dict):
-            pairs = iter(f)
-            f = dict(zip(pairs, pairs, strict=True))
-        out.append((entry_id, f or None))
-    return out

@@ -42,6 +42,13 @@ class BusSettings(BaseSettings):
     ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://")
     ssl_certfile: str | None = Field(default=None, description="client certificate (mutual TLS)")
     ssl_keyfile: str | None = Field(default=None, description="client certificate's key")
+    max_connections: int = Field(
+        default=2000,
+        ge=2,
+        description="connections per bus and server: each waiting async agent holds one while "
+        "it blocks (a blocking XREADGROUP needs a connection of its own), so this bounds the "
+        "async agents that wait at once in one process",
+    )
     username: str | None = Field(default=None, description="Redis ACL user")
     password: SecretStr | None = Field(
         default=None, description="Redis password (never shown in a repr)"

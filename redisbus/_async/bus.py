@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import _core as core
+from .. import _otel as otel
 from .. import _validate as check
 from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
@@ -56,6 +57,7 @@ class AsyncBus:
         self._coalescer = Coalescer(self._io)
         self._checked_eviction = False
         self._signer = signer_for(self.settings)
+        otel.load()  # tracing, when opentelemetry is installed (imported once, here)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -228,7 +230,11 @@ async def _serve_one(agent: AsyncAgent, handler: Handler, stop: Event, poll_s: f
             if m.type == "control":
                 continue
             try:
-                await handler(agent, m)
+                if otel.on:
+                    with otel.processing(agent, m):
+                        await handler(agent, m)
+                else:
+                    await handler(agent, m)
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import _core as core
+from .. import _otel as otel
 from .. import _validate as check
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
@@ -57,6 +58,7 @@ class Bus:
         self._coalescer = Coalescer(self._io)
         self._checked_eviction = False
         self._signer = signer_for(self.settings)
+        otel.load()  # tracing, when opentelemetry is installed (imported once, here)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -223,7 +225,11 @@ def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> No
             if m.type == "control":
                 continue
             try:
-                handler(agent, m)
+                if otel.on:
+                    with otel.processing(agent, m):
+                        handler(agent, m)
+                else:
+                    handler(agent, m)
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue
