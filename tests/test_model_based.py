@@ -43,7 +43,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from redisbus import Bus, BusSettings, InvalidInput
+from redisbus import Bus, BusSettings
 from redisbus import _core as core
 from tests.servers import Server
 
@@ -233,7 +233,7 @@ class BusModel(RuleBasedStateMachine):
             w = self.workers[p]
             assert w is not None and w.answer() == {"ok": "ready"}
 
-    # -- helpers ------------------------------------------------------------------------------
+    # -- helpers --------------------------------------------------------------------------
     def step(self, what: str, *detail: Any) -> None:
         TRACE.append(" ".join(str(x) for x in (what, *detail)))
         STATS["steps"] += 1
@@ -322,7 +322,7 @@ class BusModel(RuleBasedStateMachine):
             for h in self.handed.values():
                 h.discard((c.id, c.to))
 
-    # -- setup ----------------------------------------------------------------------------------
+    # -- setup ----------------------------------------------------------------------------
     @initialize(agents=st.sets(st.sampled_from(AGENTS), min_size=2))
     @traced
     def first_members(self, agents: set[str]) -> None:
@@ -338,7 +338,7 @@ class BusModel(RuleBasedStateMachine):
         self.handed[(p, agent)] = set()
         self.fresh.add((p, agent))
 
-    # -- rules ------------------------------------------------------------------------------------
+    # -- rules ----------------------------------------------------------------------------
     def joinable(self) -> list[tuple[str, str]]:
         return [(p, a) for p in self.alive() for a in AGENTS if a not in self.hosted[p]]
 
@@ -629,7 +629,7 @@ class BusModel(RuleBasedStateMachine):
         late = [k for k in due if self.copies[k].state != "dead"]
         assert not late, f"due for the dead-letter stream but still pending: {late}"
 
-    # -- invariants ---------------------------------------------------------------------------------
+    # -- invariants -----------------------------------------------------------------------
     def observe_pending(self) -> dict[str, dict[str, dict[str, Any]]]:
         """The pending lists of every agent's group, addressed entries only; the model takes
         their delivery counts and idle times."""
