@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast bench lint typecheck format unasync all clean
+.PHONY: help demo test test-fast soak bench lint typecheck format unasync all clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -23,6 +23,9 @@ demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS
 
 test: $(STAMP)  ## run the whole test suite against real Redis servers the fixtures start
 	$(BIN)/python -m tests.run
+
+soak: $(STAMP)  ## the model-based test for ten minutes (REDISBUS_SOAK_S=seconds to change)
+	REDISBUS_SOAK=1 $(BIN)/python -m pytest tests/test_model_based.py -q -s -p no:cacheprovider
 
 bench: $(STAMP)  ## benchmarks beside their baselines; writes bench/results.json
 	$(BIN)/python -m bench

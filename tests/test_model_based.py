@@ -70,10 +70,19 @@ from tests.servers import Server
 #   "self_redelivery": issue 16 item 1. A copy fetched by wait() and never marked done is not
 #   redelivered to the same live replica after its lease (claim.lua skips the caller's own
 #   entries), so with one replica it stays pending and read forever.
-KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery"})
+#   "join_beat_lease": not in issue 16's list (found by this test). join.lua writes the new
+#   replica's heartbeat deadline with the message lease (``lease_s``) instead of
+#   ``agent_lease_s``; a process killed before its first heartbeat leaves its agents declared
+#   "lost" after ``lease_s``, each with a "[control] cancel" to itself that counts in its inbox.
+#   Excluded by letting a process's heartbeat run after its joins before it is killed.
+KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery", "join_beat_lease"})
 
+# The regular budget: MODEL_EXAMPLES programs of up to MODEL_STEPS steps (about a minute).
+# `make soak` sets REDISBUS_SOAK=1: rounds of longer programs, with fresh random seeds each
+# round, until REDISBUS_SOAK_S seconds have passed (ten minutes by default).
 SOAK = os.environ.get("REDISBUS_SOAK") == "1"
-MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "400" if SOAK else "12"))
+SOAK_S = float(os.environ.get("REDISBUS_SOAK_S", "600"))
+MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "20" if SOAK else "12"))
 MODEL_STEPS = int(os.environ.get("REDISBUS_MODEL_STEPS", "60" if SOAK else "30"))
 
 LEASE_S = 1.0
@@ -170,6 +179,12 @@ class Worker:
             raise AssertionError(f"worker {self.replica} died: {self.log.read_text()[-2000:]}")
         out: dict[str, Any] = json.loads(line)
         return out
+
+    def post(self, **cmd: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        TRACE.append(f"  {self.replica} {json.dumps(cmd)} -> (killed before it answers)")
 
     def call(self, **cmd: Any) -> dict[str, Any]:
         assert self.proc.stdin is not None
@@ -515,14 +530,55 @@ class BusModel(RuleBasedStateMachine):
     @rule(data=st.data())
     @traced
     def kill(self, data: st.DataObject) -> None:
+        """SIGKILL a process: between commands, while it blocks in wait(), or in the middle
+        of a send (which then either happened whole or not at all)."""
         p = data.draw(st.sampled_from(self.alive()))
         w = self.worker(p)
-        self.step("kill", p)
+        during = data.draw(st.sampled_from(["idle", "wait", "send"]))
+        self.step("kill", p, during)
+        if "join_beat_lease" in KNOWN_GAPS:
+            self.until_beaten(p)
+        counts = {a: self.count(a) for a in AGENTS}
+        idle = [a for a in sorted(self.hosted[p]) if not self.of(a, "queued") + self.of(a, "held")]
+        pairs = [
+            (a, b)
+            for a in sorted(self.hosted[p])
+            for b in sorted(self.joined)
+            if not self.refusals(a, b, counts)
+        ]
+        sent: tuple[str, str] | None = None
+        if during == "wait" and idle:
+            # nothing it could be handed: the wait blocks, and the kill must change nothing
+            w.post(op="wait", agent=data.draw(st.sampled_from(idle)), timeout=5.0)
+            time.sleep(0.2)
+        elif during == "send" and pairs:
+            a, b = data.draw(st.sampled_from(pairs))
+            sent = (self.body(), b)
+            w.post(op="send", agent=a, to=b, body=sent[0])
+            time.sleep(data.draw(st.sampled_from([0.0, 0.002, 0.01, 0.05])))
         w.kill()
+        if sent is not None:
+            found = [eid for eid, f in self.r.xrange(self.k.stream) if f.get("b") == sent[0]]
+            assert len(found) <= 1, found
+            if found:
+                self.accept(found[0], sent[1])
+            TRACE.append(f"  the send killed midway {'happened' if found else 'did not happen'}")
         self.workers[p] = None
         for a in self.hosted[p]:
             del self.handed[(p, a)]
             self.fresh.discard((p, a))
+
+    def until_beaten(self, p: str) -> None:
+        """Wait until p's heartbeat renewed each of its replicas after its joins."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sec, usec = self.r.time()
+            now_ms = sec * 1000 + usec // 1000
+            beats = [self.r.hget(self.k.beat, f"{a}\n{p}") for a in self.hosted[p]]
+            if all(b is not None and int(b) > now_ms + 10_000 for b in beats):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"no heartbeat from {p} in 30 s")
 
     @precondition(lambda self: len(self.alive()) < len(PROCS))
     @rule(data=st.data())
@@ -650,6 +706,16 @@ class BusModel(RuleBasedStateMachine):
     @invariant()
     @traced
     def bus_matches_model(self) -> None:
+        try:
+            self.compare()
+        except AssertionError:
+            TRACE.append("stream at the failure:")
+            for eid, f in self.r.xrange(self.k.stream):
+                TRACE.append(f"  {eid} {f}")
+            TRACE.append(f"statuses: {self.r.hgetall(self.k.status)}")
+            raise
+
+    def compare(self) -> None:
         pending = self.observe_pending()
         entries = {eid: f for eid, f in self.r.xrange(self.k.stream)}
         groups = {g["name"]: g for g in self.r.xinfo_groups(self.k.stream)}
@@ -712,8 +778,16 @@ def model_server(redis7: Server, tmp_path: Path) -> Iterator[Server]:
     yield redis7
 
 
-def report(request: pytest.FixtureRequest) -> None:
-    line = {"examples": STATS["examples"], "steps": STATS["steps"], "rules": dict(STATS)}
+def report(request: pytest.FixtureRequest, started: float, failed: bool) -> None:
+    line = {
+        "soak": SOAK,
+        "seconds": round(time.monotonic() - started),
+        "rounds": STATS["rounds"],
+        "examples": STATS["examples"],
+        "steps": STATS["steps"],
+        "failed": failed,
+        "rules": {k: v for k, v in STATS.items() if k not in ("rounds", "examples", "steps")},
+    }
     capture = request.config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         with capture.global_and_fixture_disabled():
@@ -724,24 +798,32 @@ def report(request: pytest.FixtureRequest) -> None:
             f.write(json.dumps(line) + "\n")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(0 if SOAK else 600)
 def test_the_bus_keeps_its_promises_under_random_programs(
     model_server: Server, request: pytest.FixtureRequest
 ) -> None:
     STATS.clear()
+    started = time.monotonic()
+    failed = True
     try:
-        run_state_machine_as_test(
-            BusModel,
-            settings=settings(
-                max_examples=MODEL_EXAMPLES,
-                stateful_step_count=MODEL_STEPS,
-                deadline=None,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
+        while True:
+            STATS["rounds"] += 1
+            run_state_machine_as_test(
+                BusModel,
+                settings=settings(
+                    max_examples=MODEL_EXAMPLES,
+                    stateful_step_count=MODEL_STEPS,
+                    deadline=None,
+                    database=None,
+                    suppress_health_check=list(HealthCheck),
+                ),
+            )
+            if not SOAK or time.monotonic() - started >= SOAK_S:
+                break
+        failed = False
     finally:
-        report(request)
+        report(request, started, failed)
         if FAILED_TRACE:
             print("\n".join(["first failing program:", *FAILED_TRACE[-150:]]))
             FAILED_TRACE.clear()
