@@ -49,7 +49,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -75,7 +75,16 @@ from tests.servers import Server
 #   ``agent_lease_s``; a process killed before its first heartbeat leaves its agents declared
 #   "lost" after ``lease_s``, each with a "[control] cancel" to itself that counts in its inbox.
 #   Excluded by letting a process's heartbeat run after its joins before it is killed.
-KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery", "join_beat_lease"})
+#   "delivery_count": next to issue 16 item 1, not in its list (found by this test). Redis's
+#   delivery counter is taken as the number of deliveries, but the bus re-reads a replica's own
+#   pending list on every quiet wait() slice (XREADGROUP 0, which counts a delivery and resets
+#   the idle time) and mark_done() pre-fetches new entries; a message handed out once, after
+#   three quiet waits, is dead-lettered with deliveries=4 when its replica dies instead of going
+#   to the other live replica. Excluded: the check that a dead letter and Message.deliveries
+#   count hand-outs (the dead-letter check then trusts Redis's counter).
+KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery", "join_beat_lease", "delivery_count"})
+if "REDISBUS_MODEL_GAPS" in os.environ:  # e.g. "" to check that every fix has landed
+    KNOWN_GAPS = frozenset(filter(None, os.environ["REDISBUS_MODEL_GAPS"].split(",")))
 
 # The regular budget: MODEL_EXAMPLES programs of up to MODEL_STEPS steps (about a minute).
 # `make soak` sets REDISBUS_SOAK=1: rounds of longer programs, with fresh random seeds each
@@ -84,6 +93,10 @@ SOAK = os.environ.get("REDISBUS_SOAK") == "1"
 SOAK_S = float(os.environ.get("REDISBUS_SOAK_S", "600"))
 MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "20" if SOAK else "12"))
 MODEL_STEPS = int(os.environ.get("REDISBUS_MODEL_STEPS", "60" if SOAK else "30"))
+# Shrinking replays programs against live processes and the Redis clock, which takes many
+# minutes and often cannot replay a timing-dependent failure; the test prints the first failing
+# program itself. REDISBUS_MODEL_SHRINK=1 turns shrinking on.
+SHRINK = os.environ.get("REDISBUS_MODEL_SHRINK") == "1"
 
 LEASE_S = 1.0
 MAX_DELIVERIES = 3
@@ -124,6 +137,7 @@ class Copy:
     state: str = "queued"  # queued | held | done | dead
     owner: str | None = None  # the replica whose pending list holds it (state "held")
     read: bool = False
+    handouts: int = 0  # times wait() or read() handed it to the agent
     deliveries: int = 0  # as last seen in the pending list
     idle_ms: int = 0  # as last seen in the pending list ...
     seen_at: float = 0.0  # ... at this time.monotonic()
@@ -320,6 +334,9 @@ class BusModel(RuleBasedStateMachine):
             assert m["deliveries"] >= 1
             if c.state == "queued":
                 c.owner = p
+            c.handouts += 1
+            if "delivery_count" not in KNOWN_GAPS:
+                assert m["deliveries"] == c.handouts, (c, m)
             c.state, c.read = "held", True
             c.idle_ms, c.seen_at = 0, time.monotonic()
             self.handed[(p, agent)].add((m["id"], agent))
@@ -333,17 +350,23 @@ class BusModel(RuleBasedStateMachine):
                 continue
             assert f["a"] in allowed and c.state == "held", (c, f, allowed)
             assert int(f["n"]) >= MAX_DELIVERIES and c.deliveries >= MAX_DELIVERIES - 1, (c, f)
+            if "delivery_count" not in KNOWN_GAPS:
+                assert c.handouts >= MAX_DELIVERIES, f"dead-lettered after {c.handouts} hand-outs"
             c.state, c.owner = "dead", None
             for h in self.handed.values():
                 h.discard((c.id, c.to))
 
     # -- setup ----------------------------------------------------------------------------
-    @initialize(agents=st.sets(st.sampled_from(AGENTS), min_size=2))
+    @initialize(agents=st.sets(st.sampled_from(AGENTS), min_size=2), data=st.data())
     @traced
-    def first_members(self, agents: set[str]) -> None:
+    def first_members(self, agents: set[str], data: st.DataObject) -> None:
+        """Each agent in one process, some in two (replicas that can take over each other's
+        messages)."""
         self.step("join")
         for i, a in enumerate(sorted(agents)):
             self.join_in(a, PROCS[i % len(PROCS)])
+            if data.draw(st.booleans()):
+                self.join_in(a, PROCS[(i + 1) % len(PROCS)])
 
     def join_in(self, agent: str, p: str) -> None:
         agent_id = self.worker(p).ok(op="join", agent=agent)
@@ -482,6 +505,7 @@ class BusModel(RuleBasedStateMachine):
             if c.state == "queued":
                 c.state, c.owner = "held", p
             c.read = True
+            c.handouts += 1
             self.handed[(p, agent)].add((c.id, agent))
 
     @precondition(lambda self: bool(self.live_handles()))
@@ -817,6 +841,7 @@ def test_the_bus_keeps_its_promises_under_random_programs(
                     deadline=None,
                     database=None,
                     suppress_health_check=list(HealthCheck),
+                    phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate],
                 ),
             )
             if not SOAK or time.monotonic() - started >= SOAK_S:
