@@ -82,7 +82,14 @@ from tests.servers import Server
 #   three quiet waits, is dead-lettered with deliveries=4 when its replica dies instead of going
 #   to the other live replica. Excluded: the check that a dead letter and Message.deliveries
 #   count hand-outs (the dead-letter check then trusts Redis's counter).
-KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery", "join_beat_lease", "delivery_count"})
+#   "dead_letter_recipient": not in issue 16's list (found by this test). A dead-lettered copy
+#   of a broadcast names recipient "1": dead_letter() in _prelude.lua writes 'a' = recipient,
+#   then appends the entry's fields, whose 'a' = '1' is the broadcast flag, and the later field
+#   wins (DeadLetter.recipient, replay.lua). ``ch.replay()`` of it fails (RecipientClosed "1").
+#   Excluded: the model tells those dead letters' recipients by their receipt marks instead.
+KNOWN_GAPS: frozenset[str] = frozenset(
+    {"self_redelivery", "join_beat_lease", "delivery_count", "dead_letter_recipient"}
+)
 if "REDISBUS_MODEL_GAPS" in os.environ:  # e.g. "" to check that every fix has landed
     KNOWN_GAPS = frozenset(filter(None, os.environ["REDISBUS_MODEL_GAPS"].split(",")))
 
@@ -91,7 +98,7 @@ if "REDISBUS_MODEL_GAPS" in os.environ:  # e.g. "" to check that every fix has l
 # round, until REDISBUS_SOAK_S seconds have passed (ten minutes by default).
 SOAK = os.environ.get("REDISBUS_SOAK") == "1"
 SOAK_S = float(os.environ.get("REDISBUS_SOAK_S", "600"))
-MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "20" if SOAK else "12"))
+MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "20" if SOAK else "10"))
 MODEL_STEPS = int(os.environ.get("REDISBUS_MODEL_STEPS", "60" if SOAK else "30"))
 # Shrinking replays programs against live processes and the Redis clock, which takes many
 # minutes and often cannot replay a timing-dependent failure; the test prints the first failing
@@ -341,15 +348,38 @@ class BusModel(RuleBasedStateMachine):
             c.idle_ms, c.seen_at = 0, time.monotonic()
             self.handed[(p, agent)].add((m["id"], agent))
 
+    def dead_letters(self) -> dict[tuple[str, str], int]:
+        """(message id, recipient) -> deliveries, from ``ch.dead_letters()``."""
+        out: dict[tuple[str, str], int] = {}
+        unnamed: dict[str, list[int]] = {}
+        for d in self.ch.dead_letters(limit=100_000):
+            if d.recipient in AGENTS:
+                assert (d.original_id, d.recipient) not in out, d  # dead-lettered once
+                out[(d.original_id, d.recipient)] = d.deliveries
+            else:
+                assert "dead_letter_recipient" in KNOWN_GAPS, d
+                unnamed.setdefault(d.original_id, []).append(d.deliveries)
+        for eid, ns in unnamed.items():
+            # known gap: which copies these are, their receipt marks say (F = failed)
+            failed = {
+                a
+                for a in AGENTS
+                if (self.r.hget(self.k.marks, f"{eid}\n{a}") or "").startswith("F")
+                or self.copies.get((eid, a), Copy(eid, a)).state == "dead"
+            } - {a for e, a in out if e == eid}
+            assert len(failed) == len(ns), (eid, failed, ns)
+            out.update({(eid, a): min(ns) for a in failed})
+        return out
+
     def sync_dead(self, allowed: set[str]) -> None:
         """New dead letters: only copies of ``allowed`` agents that were held and had been
         delivered max_deliveries times; the model follows."""
-        for _, f in self.r.xrange(self.k.dlq):
-            c = self.copies[(f["o"], f["a"])]
+        for (eid, a), n in self.dead_letters().items():
+            c = self.copies[(eid, a)]
             if c.state == "dead":
                 continue
-            assert f["a"] in allowed and c.state == "held", (c, f, allowed)
-            assert int(f["n"]) >= MAX_DELIVERIES and c.deliveries >= MAX_DELIVERIES - 1, (c, f)
+            assert a in allowed and c.state == "held", (c, allowed)
+            assert n >= MAX_DELIVERIES and c.deliveries >= MAX_DELIVERIES - 1, (c, n)
             if "delivery_count" not in KNOWN_GAPS:
                 assert c.handouts >= MAX_DELIVERIES, f"dead-lettered after {c.handouts} hand-outs"
             c.state, c.owner = "dead", None
@@ -759,7 +789,7 @@ class BusModel(RuleBasedStateMachine):
             held = {eid: row["consumer"] for eid, row in pending[a].items()}
             assert held == {c.id: c.owner for c in self.of(a, "held")}, (a, held)
             assert len(queued) + len(held) == model
-        dead = {(f["o"], f["a"]) for _, f in self.r.xrange(self.k.dlq)}
+        dead = set(self.dead_letters())
         assert dead == {k for k, c in self.copies.items() if c.state == "dead"}
         # receipts, one script call per entry
         by_entry: dict[str, list[Copy]] = {}
