@@ -19,14 +19,21 @@ promises, both through its API and by recounting the Redis structures themselves
   send; an inbox is refused exactly when the model's count is at the cap;
 - a copy held by a killed replica is redelivered (or dead-lettered at max_deliveries) after
   the lease, never lost; a restarted replica (same name) gets its own pending copies first;
+  a process killed in the middle of a send leaves the send whole or absent;
+- a dead letter counts hand-outs: only a copy handed out max_deliveries times goes there;
 - roster statuses never show a closed or lost agent (nobody completes, fails or goes quiet).
 
 Rate limits, the ping-pong dampener and the breaker are switched off: what this model checks
 is delivery and counting, not token buckets (tests/test_races.py covers those).
 
-Budget: ``MODEL_EXAMPLES`` programs of ``MODEL_STEPS`` steps (about a minute). ``make soak``
-sets ``REDISBUS_SOAK=1`` for a long run. The number of steps run is printed at the end and,
-when ``REDISBUS_MODEL_REPORT`` names a file, appended to it as one JSON line.
+Bugs the model finds that are not fixed yet are listed in ``KNOWN_GAPS`` below, each
+excluding only the rule or check that meets it; ``REDISBUS_MODEL_GAPS=""`` runs with none
+excluded (to see which fixes have landed).
+
+Budget: ``MODEL_EXAMPLES`` programs of up to ``MODEL_STEPS`` steps (a minute or two).
+``make soak`` sets ``REDISBUS_SOAK=1`` for a ten-minute run. The number of programs and steps
+run is printed at the end and, when ``REDISBUS_MODEL_REPORT`` names a file, appended to it as
+one JSON line. When a program fails, the test prints it (rules, worker commands and answers).
 """
 
 from __future__ import annotations
@@ -98,7 +105,7 @@ if "REDISBUS_MODEL_GAPS" in os.environ:  # e.g. "" to check that every fix has l
 # round, until REDISBUS_SOAK_S seconds have passed (ten minutes by default).
 SOAK = os.environ.get("REDISBUS_SOAK") == "1"
 SOAK_S = float(os.environ.get("REDISBUS_SOAK_S", "600"))
-MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "20" if SOAK else "10"))
+MODEL_EXAMPLES = int(os.environ.get("REDISBUS_MODEL_EXAMPLES", "5" if SOAK else "10"))
 MODEL_STEPS = int(os.environ.get("REDISBUS_MODEL_STEPS", "60" if SOAK else "30"))
 # Shrinking replays programs against live processes and the Redis clock, which takes many
 # minutes and often cannot replay a timing-dependent failure; the test prints the first failing
@@ -147,7 +154,7 @@ class Copy:
     handouts: int = 0  # times wait() or read() handed it to the agent
     deliveries: int = 0  # as last seen in the pending list
     idle_ms: int = 0  # as last seen in the pending list ...
-    seen_at: float = 0.0  # ... at this time.monotonic()
+    seen_at: float = 0.0  # ... read after this time.monotonic(), so idle_now_s() errs high
 
     def idle_now_s(self) -> float:
         return self.idle_ms / 1000 + (time.monotonic() - self.seen_at)
@@ -732,7 +739,7 @@ class BusModel(RuleBasedStateMachine):
             for c in self.copies.values()
             if c.state == "held"
             and c.deliveries >= MAX_DELIVERIES
-            and c.idle_now_s() >= LEASE_S + 0.05
+            and c.idle_now_s() >= LEASE_S + 0.5  # idle for sure, whatever the estimate's error
         }
         TRACE.append(f"  sweep -> {self.ch.sweep()}")
         self.sync_dead(set(AGENTS))
