@@ -67,6 +67,28 @@ FIGURES: tuple[Figure, ...] = (
         ),
     ),
     Figure(
+        "signing-send",
+        "send() signed with a per-host Ed25519 key (signing off as baseline)",
+        c.bus_send_seq_ed25519,
+        (THROUGHPUT, P50, TRIPS),
+        baseline=("send(), signing off", c.bus_send_seq),
+        baseline_is_bus=True,
+        refs=(("send(), shared HMAC", c.bus_send_seq_hmac),),
+        note="signing is on the sender's side: one signature per send, no extra round trip",
+    ),
+    Figure(
+        "signing-wakeup",
+        "wake-up at 1k msg/s, verified with Ed25519 (signing off as baseline)",
+        c.bus_wait_wakeup_ed25519,
+        (P50, P99, MISSED),
+        baseline=("wake-up, signing off", c.bus_wait_wakeup),
+        baseline_is_bus=True,
+        refs=(("wake-up, shared HMAC", c.bus_wait_wakeup_hmac),),
+        targets=(Target("missed", "max", 0, "none"),),
+        note="verification runs on the receiver after the fetch; the replay check rides on "
+        "the settle script call already in the fetch's pipeline (no extra round trip)",
+    ),
+    Figure(
         "async",
         "AsyncBus send(), sequential, one agent",
         c.bus_async_send_seq,

@@ -20,6 +20,8 @@
     ├── AgentClosed                            the agent failed, was cancelled or lost
     │   └── RecipientClosed                    ... and so cannot receive
     ├── ChannelPaused                          the channel refuses sends until resumed
+    ├── MessageRejected (.reason)              a receiver refused the entry (signature, key,
+    │                                          time, replay): on a receipt, never raised
     └── BusConnectionError                     Redis unreachable after retries
 
 Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
@@ -43,6 +45,7 @@ __all__ = [
     "InvalidInput",
     "LimitExceeded",
     "LoopRefused",
+    "MessageRejected",
     "NotPermitted",
     "RateLimited",
     "RecipientClosed",
@@ -182,6 +185,17 @@ class RecipientClosed(AgentClosed):
 
 class ChannelPaused(RedisbusError):
     code = "channel_paused"
+
+
+class MessageRejected(RedisbusError):
+    """A receiver refused the entry: ``reason`` is one of ``_signing.REASONS`` (bad or
+    missing signature, untrusted, revoked or disallowed key, misaddressed, stale, replay)."""
+
+    code = "message_rejected"
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class BusConnectionError(RedisbusError, ConnectionError):

@@ -163,13 +163,17 @@ class IO:
         block_ms: int | None,
         settle: builtins.list[str] | None,
         mark_after: str | None = None,
-    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
+        replay_keep_ms: int = 0,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
         with the deferred ``settle`` ops before it and the "n" op after it (see
         ``_io_sync.IO.fetch``): what the fetch returns is marked read before the reply comes
         back, and the op's reply carries the clock."""
-        settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
-        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
+        settle_keys = keys.settle
+        post = None
+        if mark_after is not None:
+            post = [group, "n", f"{mark_after}\n{consumer}\n{replay_keep_ms}"]
+        replayed: builtins.list[str] = []
         for _ in range(3):
             try:
                 if self.cluster:
@@ -184,7 +188,7 @@ class IO:
                         block=block_ms,
                     )
                     if post:
-                        await self.script("settle", settle_keys, post)
+                        replayed = (await self.script("settle", settle_keys, post))[3]
                     now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
                     sha = await self.load("settle") if settle or post else ""
@@ -193,19 +197,21 @@ class IO:
                     async def run(sha: str = sha) -> Any:
                         pipe = self.r.pipeline(transaction=False)
                         if settle:
-                            pipe.evalsha(sha, 4, *settle_keys, group, *settle)
+                            pipe.evalsha(sha, 6, *settle_keys, group, *settle)
                         pipe.xreadgroup(
                             group, consumer, {keys.stream: cursor}, count=500, block=block_ms
                         )
                         if post:  # it replies with the Redis clock too
-                            pipe.evalsha(sha, 4, *settle_keys, *post)
+                            pipe.evalsha(sha, 6, *settle_keys, *post)
                         else:
                             pipe.time()
                         return await pipe.execute()
 
                     out = await self.call(run)
                     res = out[1 if settle else 0]
-                    now = out[-1][1:] if post else out[-1]
+                    now = out[-1][1:3] if post else out[-1]
+                    if post:
+                        replayed = out[-1][3]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
@@ -214,4 +220,6 @@ class IO:
             raise RedisbusError("could not load scripts")
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         entries = res[0][1] if res else []
-        return entries, now_ms
+        if replayed:  # settle.lua rejected them: never handed over
+            entries = [e for e in entries if e[0] not in set(replayed)]
+        return entries, now_ms, len(replayed)

@@ -117,7 +117,7 @@ def client_options(settings: BusSettings, *, blocking: bool = False) -> dict[str
     if settings.username:
         opts["username"] = settings.username
     if settings.password:
-        opts["password"] = settings.password
+        opts["password"] = settings.password.get_secret_value()
     return opts
 
 

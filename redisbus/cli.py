@@ -16,9 +16,10 @@ an existing channel (else ``unknown_channel``, exit 1) and, with ``--as``, an ex
 agent has not read yet and marks them read (``--done``: done), so the next ``wait`` moves on.
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
-``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor`` (doctor)
-and ``_cli_daemons`` (exporter, janitor); ``mcp`` is a typer command like the others
-(``integrations.mcp._command``) that imports the MCP SDK only when it runs. Commands owned by
+``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor``
+(doctor), ``_cli_daemons`` (exporter, janitor) and ``_cli_repair`` (repair, acl, keygen);
+``mcp`` is a typer command like the others (``integrations.mcp._command``) that imports the
+MCP SDK only when it runs. Commands owned by
 other modules (``a2a``, ``console``) are listed in ``PLUGINS``: each such module provides
 ``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """
@@ -41,6 +42,7 @@ from . import (  # noqa: F401 - they register commands
     _cli_daemons,
     _cli_doctor,
     _cli_ops,
+    _cli_repair,
     _cli_talk,
 )
 from ._cli_base import Exit, app, err

@@ -35,6 +35,7 @@ EXTRA_OF = {
     "redisbus/integrations/mcp/": "mcp",
     "redisbus/integrations/a2a/": "a2a",
     "redisbus/console/": "console",
+    "redisbus/_trust.py": "signing",
     "redisbus/integrations/hermes/": "hermes",
 }
 

@@ -18,7 +18,7 @@ from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
 from .._redis import async_client
 from .._settings import BusSettings
-from .._signing import Signer
+from .._signing import signer_for
 from .._tasks_async import Coalescer, Event, Handler, Heart, run_all
 from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
@@ -55,7 +55,7 @@ class AsyncBus:
         self._heart = Heart(self.settings.heartbeat_s, self._beat)
         self._coalescer = Coalescer(self._io)
         self._checked_eviction = False
-        self._signer = Signer(self.settings.signing_keys)
+        self._signer = signer_for(self.settings)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod

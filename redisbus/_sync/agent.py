@@ -70,6 +70,7 @@ class Agent(AgentState):
             trace=trace,
             signer=self._bus._signer,
             channel=self.channel.name,
+            parent=self.parent,
         )
         wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
         try:
@@ -104,7 +105,9 @@ class Agent(AgentState):
         """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
         or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
         gives rejected receipts (with ``.error``) instead of raising."""
-        sent, types = core.plan_batch(self.name, items, self._bus._signer, self.channel.name)
+        sent, types = core.plan_batch(
+            self.name, items, self._bus._signer, self.channel.name, self.parent
+        )
         if not sent:
             return []
         replies = core.unbatch(
@@ -165,7 +168,8 @@ class Agent(AgentState):
             mark=mark,
         )
         k = self._keys
-        calls = [*self._settle_calls(), ("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        rejected: builtins.list[tuple[str, str]] = []
+        calls = [*self._settle_calls(), ("view", k.view, [*plan.argv, self._replay_keep()])]
         reply = (self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         if pull:
@@ -174,7 +178,7 @@ class Agent(AgentState):
         for _ in range(50):
             if not (pull and int(reply[2]) and len(reply) - 3 < plan.limit):
                 break
-            more = self._bus._io.script("view", [k.stream, k.inbox, k.marks], plan.argv)
+            more = self._bus._io.script("view", k.view, [*plan.argv, self._replay_keep()])
             seen = {e[0] for e in reply[3:]}
             reply = [
                 more[0],
@@ -190,7 +194,11 @@ class Agent(AgentState):
             preview_chars=preview,
             signer=self._bus._signer,
             unsigned=self._bus.settings.unsigned,
+            agent_id=self.id,
+            rejected=rejected,
         )
+        for entry_id, reason in rejected if mark else ():
+            self._reject(entry_id, reason)  # written with the next call
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
             self._handed.update(m.id for m in mine)
@@ -297,8 +305,15 @@ class Agent(AgentState):
         before = io.retries
         mark_after = self._fetched_to if cursor == ">" else None
         try:
-            entries, now = io.fetch(
-                self._keys, self.name, self.replica, cursor, block_ms, settle, mark_after
+            entries, now, replayed = io.fetch(
+                self._keys,
+                self.name,
+                self.replica,
+                cursor,
+                block_ms,
+                settle,
+                mark_after,
+                self._replay_keep(),
             )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have delivered entries we never saw
@@ -307,6 +322,8 @@ class Agent(AgentState):
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
+        if replayed:  # settle.lua rejected them (a copy of an earlier signed entry)
+            self._bus.metrics.message_rejected("replay", replayed)
         if mark_after is not None and entries:
             self._fetched_to = entries[-1][0]
         return entries, now
@@ -337,9 +354,17 @@ class Agent(AgentState):
         out = []
         for entry_id, flat, deliveries in claimed:
             f = core.fields_from_flat(flat)
-            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
-            if ok is False and self._bus.settings.unsigned == "reject":
-                self._deferred += ["a", entry_id]
+            ok, reason = core.verdict(
+                self._bus._signer,
+                self._bus.settings.unsigned,
+                self.channel.name,
+                entry_id,
+                f,
+                self.name,
+                self.id,
+            )
+            if reason:
+                self._reject(entry_id, reason)
                 continue
             msg = core.message_from_fields(
                 self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
@@ -386,7 +411,7 @@ class Agent(AgentState):
             )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
             for _ in range(50):  # fetch until nothing is left (each call is capped)
-                got = self._bus._io.script("view", [k.stream, k.inbox, k.marks], pull.argv)
+                got = self._bus._io.script("view", k.view, [*pull.argv, self._replay_keep()])
                 if not int(got[2]):
                     break
             self._pel_dirty = True  # the fetch may have taken entries wait() has not returned

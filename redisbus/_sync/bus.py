@@ -19,7 +19,7 @@ from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
 from .._redis import sync_client
 from .._settings import BusSettings
-from .._signing import Signer
+from .._signing import signer_for
 from .._tasks_sync import Coalescer, Event, Handler, Heart, run_all
 from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
@@ -56,7 +56,7 @@ class Bus:
         self._heart = Heart(self.settings.heartbeat_s, self._beat)
         self._coalescer = Coalescer(self._io)
         self._checked_eviction = False
-        self._signer = Signer(self.settings.signing_keys)
+        self._signer = signer_for(self.settings)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
