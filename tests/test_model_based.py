@@ -94,9 +94,7 @@ from tests.servers import Server
 #   then appends the entry's fields, whose 'a' = '1' is the broadcast flag, and the later field
 #   wins (DeadLetter.recipient, replay.lua). ``ch.replay()`` of it fails (RecipientClosed "1").
 #   Excluded: the model tells those dead letters' recipients by their receipt marks instead.
-KNOWN_GAPS: frozenset[str] = frozenset(
-    {"self_redelivery", "join_beat_lease", "delivery_count", "dead_letter_recipient"}
-)
+KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery", "delivery_count"})
 if "REDISBUS_MODEL_GAPS" in os.environ:  # e.g. "" to check that every fix has landed
     KNOWN_GAPS = frozenset(filter(None, os.environ["REDISBUS_MODEL_GAPS"].split(",")))
 
