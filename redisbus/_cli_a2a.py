@@ -13,6 +13,7 @@ import typer
 
 from ._cli_base import Exit, UrlOpt, app
 from ._errors import InvalidInput
+from ._settings import BusSettings
 
 
 @app.command("a2a")
@@ -93,7 +94,6 @@ def a2a(
         from .integrations import a2a as bridge
     except ModuleNotFoundError as e:
         raise Exit(f"`redisbus a2a` needs the a2a extra: pip install 'redisbus[a2a]' ({e})") from e
-    from ._settings import BusSettings
 
     level = log_level.upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -21,6 +21,7 @@ SDK is configured, no span is made: the check reads the API's provider slot (see
 
 from __future__ import annotations
 
+import importlib.metadata
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -84,10 +85,17 @@ def tracer() -> Any:
         _next_check = now + 1.0
     provider = _api.get_tracer_provider()
     if not isinstance(provider, _no_sdk):
-        from . import __version__
-
-        _tracer = provider.get_tracer("redisbus", __version__)
+        _tracer = provider.get_tracer("redisbus", _version())
     return _tracer
+
+
+def _version() -> str:
+    # the installed distribution's, which setuptools read from redisbus.__version__ (importing
+    # the package root from here would close an import cycle)
+    try:
+        return importlib.metadata.version("redisbus")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 # -- the trace field -----------------------------------------------------------------------

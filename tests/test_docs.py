@@ -128,7 +128,7 @@ def test_generated_markers_expand_and_unknown_ones_fail() -> None:
                 "retry_attempts",
             ],
         ),
-        ("security.md", ["REDISBUS_SIGNING_KEYS", "REDISBUS_UNSIGNED", "no replay window"]),
+        ("security.md", ["REDISBUS_SIGNING_KEYS", "REDISBUS_UNSIGNED", "REDISBUS_REPLAY_KEEP_S"]),
         ("delivery.md", ["At-least-once", "durable=True", "idempotency_key", "appendfsync"]),
     ],
 )

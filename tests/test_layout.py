@@ -37,6 +37,8 @@ LAZY_OK: dict[str, str] = {
     "tools": "the host application: present only inside Hermes",
     "redisbus.exporter": "heavy (prometheus_client, the fleet reader): only its commands",
     "redisbus.integrations.mcp._server": "optional: the MCP SDK, only when `redisbus mcp` runs",
+    "redisbus.integrations.a2a": "optional: the A2A SDK, only when `redisbus a2a` runs",
+    "opentelemetry": "optional: the otel extra, looked up once when a bus is made",
     "redisbus._trust": "optional: cryptography (the signing extra), only with per-host keys",
 }
 # (importing module, imported module): function-level imports in modules owned elsewhere that

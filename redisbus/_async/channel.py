@@ -72,7 +72,7 @@ class AsyncChannel:
                 s.host,
                 desc,
                 json.dumps(sk),
-                int(s.lease_s * 1000),
+                int(s.agent_lease_s * 1000),  # the heartbeat deadline, not a message's lease
             ],
         )
         core.raise_if_refused(reply)

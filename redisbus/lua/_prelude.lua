@@ -59,7 +59,10 @@ end
 local function dead_letter(dlq, id, agent, deliveries, f, now)
   local fields = {'o', id, 'a', agent, 'n', tostring(deliveries), 'w', 'max_deliveries',
     'dead_ms', tostring(now)}
-  for _, v in ipairs(f) do fields[#fields + 1] = v end
+  -- the entry's own fields follow, but its 'a' (a broadcast's flag) would shadow the recipient
+  for i = 1, #f, 2 do
+    if f[i] ~= 'a' then fields[#fields + 1] = f[i]; fields[#fields + 1] = f[i + 1] end
+  end
   redis.call('XADD', dlq, '*', unpack(fields))
 end
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 
 from ..._errors import InvalidInput
 from ._convert import card_for, refusal
@@ -38,7 +37,6 @@ __all__ = [
     "Forwarder",
     "build_app",
     "card_for",
-    "main",
     "refusal",
 ]
 
@@ -72,17 +70,7 @@ def parse_external(spec: str, parent: str | None = None) -> External:
     return External(url=url, name=name or None, parent=parent)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``redisbus a2a ...`` (the command lives on the ``redisbus`` CLI, ``_cli_a2a``); returns
-    the exit status."""
-    from ...cli import main as cli
+if __name__ == "__main__":  # python -m redisbus.integrations.a2a: the `redisbus a2a` command
+    from ..._cli_run import run_command
 
-    try:
-        cli(["a2a", *(sys.argv[1:] if argv is None else argv)])
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("a2a"))
