@@ -74,9 +74,6 @@ from tests.servers import Server
 # Bugs of issue 16 that the model finds and that are not fixed yet: each name excludes the one
 # rule that exercises it, so the suite stays green until the fix lands. Remove a name when its
 # fix is merged; the rule then runs and must pass.
-#   "self_redelivery": issue 16 item 1. A copy fetched by wait() and never marked done is not
-#   redelivered to the same live replica after its lease (claim.lua skips the caller's own
-#   entries), so with one replica it stays pending and read forever.
 #   "join_beat_lease": not in issue 16's list (found by this test). join.lua writes the new
 #   replica's heartbeat deadline with the message lease (``lease_s``) instead of
 #   ``agent_lease_s``; a process killed before its first heartbeat leaves its agents declared
@@ -94,7 +91,7 @@ from tests.servers import Server
 #   then appends the entry's fields, whose 'a' = '1' is the broadcast flag, and the later field
 #   wins (DeadLetter.recipient, replay.lua). ``ch.replay()`` of it fails (RecipientClosed "1").
 #   Excluded: the model tells those dead letters' recipients by their receipt marks instead.
-KNOWN_GAPS: frozenset[str] = frozenset({"self_redelivery", "delivery_count"})
+KNOWN_GAPS: frozenset[str] = frozenset({"delivery_count"})
 if "REDISBUS_MODEL_GAPS" in os.environ:  # e.g. "" to check that every fix has landed
     KNOWN_GAPS = frozenset(filter(None, os.environ["REDISBUS_MODEL_GAPS"].split(",")))
 
