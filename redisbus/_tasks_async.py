@@ -8,6 +8,7 @@ code gets the twins of the same names."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,16 @@ class Heart:
     def cancel(self) -> None:
         if self.task is not None:
             self.task.cancel()
+
+    async def halt(self) -> None:
+        """Stop beating and wait until no beat is in flight (one could renew a lease after
+        the caller released it)."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            # the cancellation ends it (a failing beat is logged by the task itself)
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     async def _run(self) -> None:
         while True:

@@ -485,6 +485,8 @@ class AsyncAgent(AgentState):
         return core.rank_cards(q, await self.agents(), lim)
 
     async def close(self) -> None:
-        """Stop heartbeating for this handle and write pending bookkeeping."""
+        """Stop heartbeating for this handle (releasing its lease: a closed handle is never
+        reported lost) and write pending bookkeeping."""
         self._bus._heart.remove(self)
+        await self._bus._release([self])
         await self.flush()

@@ -480,6 +480,8 @@ class Agent(AgentState):
         return core.rank_cards(q, self.agents(), lim)
 
     def close(self) -> None:
-        """Stop heartbeating for this handle and write pending bookkeeping."""
+        """Stop heartbeating for this handle (releasing its lease: a closed handle is never
+        reported lost) and write pending bookkeeping."""
         self._bus._heart.remove(self)
+        self._bus._release([self])
         self.flush()
