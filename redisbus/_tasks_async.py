@@ -103,10 +103,11 @@ class Coalescer:
 
     async def send(self, keys: Sequence[str], argv: Sequence[Any], *, idempotent: bool) -> Any:
         """One send.lua call: coalesced unless it is retried (an idempotency key) or on a
-        Cluster, where it goes alone and is retried."""
+        Cluster, where it goes alone; retried only with an idempotency key, like the sync
+        face (a send whose reply was lost may have been written)."""
         if not idempotent and not self.io.cluster:
             return await self.script("send", keys, argv)
-        return await self.io.script("send", keys, argv, retry=True)
+        return await self.io.script("send", keys, argv, retry=idempotent)
 
     async def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         loop = asyncio.get_running_loop()
