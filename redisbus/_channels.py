@@ -177,3 +177,5 @@ class SweepReport:
     dead_lettered: int = 0
     consumers_removed: int = 0
     expired_undone: int = 0
+    rate_pruned: int = 0  # idle rate fields dropped (refilled buckets, past windows)
+    rate_scanning: int = 0  # 1 while the walk over the rate fields has not come round
