@@ -49,6 +49,38 @@ def drop_after(io: Any, commands: int) -> None:
         io.call = call
 
 
+# -- 7: a retry of an accepted send returns its receipt -----------------------------------------
+
+
+def test_retry_of_an_accepted_send_returns_its_receipt_when_the_budget_is_spent(
+    bus: Any, chan_name: str
+) -> None:
+    # given: a send accepted under an idempotency key, and the channel's budget spent since
+    ch, _, writer, _ = team(bus, chan_name)
+    first = writer.send("designer", "once", idempotency_key="k-1")
+    ch.configure(max_messages=1)
+    with pytest.raises(BudgetExceeded):
+        writer.send("designer", "a new message")
+    # when: the accepted send is retried
+    again = writer.send("designer", "once", idempotency_key="k-1")
+    # then: it gets the original receipt, and nothing was written
+    assert (again.id, again.to, again.status) == (first.id, "designer", "queued")
+    assert ch.length() == 1
+
+
+def test_retry_of_an_accepted_send_returns_its_receipt_when_the_channel_is_paused(
+    bus: Any, chan_name: str
+) -> None:
+    ch, _, writer, _ = team(bus, chan_name)
+    first = writer.send("all", "to everyone once", idempotency_key="k-all")
+    ch.pause()
+    with pytest.raises(ChannelPaused):
+        writer.send("designer", "a new message")
+    again = writer.send("all", "to everyone once", idempotency_key="k-all")
+    assert [(r.id, r.to) for r in again] == [(r.id, r.to) for r in first]
+    assert ch.length() == 1
+
+
 # -- 6: pausing and reconfiguring is one atomic change --------------------------------------------
 
 
@@ -129,3 +161,98 @@ def test_agents_of_a_closed_bus_or_handle_are_never_reported_lost(
     assert alice.wait(timeout=0.2).kind == "timeout"  # no "lost" outcome from bob or dave
     bob = again.join("bob")
     assert [(m.sender, m.body) for m in bob.wait(timeout=1).messages] == [("alice", "hi")]
+
+
+# -- 5: rate bookkeeping follows the active pairs ----------------------------------------------
+
+
+def channel_bytes(r: Any, name: str) -> dict[str, int]:
+    """MEMORY USAGE (exact: every field counted) of each key of channel ``name``."""
+    return {
+        k: int(r.memory_usage(k, samples=0) or 0) for k in r.scan_iter(match=f"rb:{{{name}}}:*")
+    }
+
+
+def sweep_until_clean(ch: Any) -> None:
+    while True:
+        rep = ch.sweep(batch=100_000)
+        if rep.trimmed == 0 and not rep.rate_scanning:
+            return
+
+
+def everyone_broadcasts(url: str, n: int) -> dict[str, int]:
+    """``n`` agents each broadcast once, read and mark done everything, and the channel is
+    swept; returns the channel's total key memory at the start, at the peak and at the end,
+    and the number of rate fields at the peak and at the end."""
+    import redis
+
+    from redisbus import Bus
+    from tests.conftest import settings
+
+    bus = Bus.from_url(url, settings=settings())
+    r = redis.Redis.from_url(url, decode_responses=True)
+    name = f"mem-{n}"
+    # buckets refill and dampeners pass in 0.1 s; inboxes take a message from everyone
+    ch = bus.channel(
+        name,
+        inbox_cap=n + 10,
+        pair_rate_burst=3,
+        pair_rate_per_s=30,
+        sender_rate_burst=3,
+        sender_rate_per_s=30,
+        dampen_window_s=0.1,
+    )
+    agents = [ch.join(f"agent-{i:04d}") for i in range(n)]
+    # a first round, one message each to the next agent: what every member holds while it
+    # takes part (its consumer, its counters) is there from the start
+    for i, a in enumerate(agents):
+        a.send(agents[(i + 1) % n].name, "warm")
+    for a in agents:
+        a.mark_done(a.read(limit=1))
+    time.sleep(0.2)  # every bucket refills
+    sweep_until_clean(ch)
+    start = sum(channel_bytes(r, name).values())
+    start_fields = int(r.hlen(f"rb:{{{name}}}:rate"))
+    for a in agents:
+        assert len(a.send("all", "hello everyone")) == n - 1
+    peak = sum(channel_bytes(r, name).values())
+    peak_fields = int(r.hlen(f"rb:{{{name}}}:rate"))
+    for a in agents:
+        got = a.read(limit=n)
+        assert len(got) == n - 1
+        a.mark_done(got)
+    time.sleep(0.2)
+    sweep_until_clean(ch)
+    assert ch.length() == 0 and set(ch.counts().values()) == {0}
+    end = sum(channel_bytes(r, name).values())
+    fields = int(r.hlen(f"rb:{{{name}}}:rate"))
+    bus.close()
+    r.close()
+    return {"start": start, "start_fields": start_fields, "peak": peak, "end": end, "peak_fields": peak_fields, "fields": fields}
+
+
+def test_rate_bookkeeping_of_200_broadcasting_agents_is_swept_away(
+    redis7: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # given 200 agents on a channel; when each broadcasts once, everything is done and swept
+    redis7.client().flushall()
+    got = everyone_broadcasts(redis7.url, 200)
+    # then the channel's keys take what they took at the start, plus a small constant (the
+    # packed limits and the rate hash's own fields), however many pairs were active
+    assert got["fields"] <= 3, got
+    assert got["end"] - got["start"] < 4096, got
+    with capsys.disabled():
+        print(f"\n[200 agents each broadcasting] {got}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_rate_bookkeeping_of_1000_broadcasting_agents_is_swept_away(
+    redis7: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    redis7.client().flushall()
+    got = everyone_broadcasts(redis7.url, 1000)
+    assert got["fields"] <= 3, got
+    assert got["end"] - got["start"] < 4096, got
+    with capsys.disabled():
+        print(f"\n[1000 agents each broadcasting] {got}")

@@ -57,8 +57,8 @@ end
 -- The channel's limits and pause switch, packed (MessagePack) in the limits key by the first
 -- accepted send: one GET and one C call to unpack, instead of fifteen hash fields to read and
 -- convert. configure(), pause() and resume() delete the key with their change to meta (one
--- MULTI). The in-memory test double (fakeredis) has no cmsgpack: there the key holds the
--- values tab-separated.
+-- script, configure.lua). The in-memory test double (fakeredis) has no cmsgpack: there the
+-- key holds the values tab-separated.
 local pack_cfg, unpack_cfg
 if cmsgpack then
   pack_cfg, unpack_cfg = cmsgpack.pack, cmsgpack.unpack
@@ -448,6 +448,25 @@ for item = 1, count do
     local reply_to, ikey = ARGV[base + 8], ARGV[base + 10]
     local one = mode == 'one'
 
+    -- idempotent replay, before any other check: the same sender and key return the first
+    -- send's id, whatever changed since (a pause, a spent budget, a closed recipient)
+    local ifield = nil
+    if ikey ~= '' then
+      ifield = sender .. '\n' .. ikey
+      if not idem_of then idem_of, idem_new = {}, {} end
+      local prev = idem_of[ifield]
+      if prev == nil then
+        prev = call('HGET', idem, ifield) or false
+        idem_of[ifield] = prev
+      end
+      if prev then
+        local tab = find(prev, '\t', 1, true)
+        local sent_to = {}
+        for n in string.gmatch(string.sub(prev, tab + 1), '[^\n]+') do sent_to[#sent_to + 1] = n end
+        result = {2, string.sub(prev, 1, tab - 1), sent_to}; break
+      end
+    end
+
     -- text rules: printable (no C0/C1 control characters), at most max_name characters
     if paused then result = refuse('channel_paused', 'channel is paused'); break end
     if #body > max_body then result = refuse('too_large', 'body is too large (bytes)', max_body, #body); break end
@@ -517,24 +536,6 @@ for item = 1, count do
     if not sender_status then result = refuse('unknown_agent', 'sender is not a member'); break end
     if sender_status == 'failed' or sender_status == 'cancelled' then
       result = refuse('agent_closed', 'sender is ' .. sender_status); break
-    end
-
-    -- idempotent replay: the same sender and key return the first send's id
-    local ifield = nil
-    if ikey ~= '' then
-      ifield = sender .. '\n' .. ikey
-      if not idem_of then idem_of, idem_new = {}, {} end
-      local prev = idem_of[ifield]
-      if prev == nil then
-        prev = call('HGET', idem, ifield) or false
-        idem_of[ifield] = prev
-      end
-      if prev then
-        local tab = find(prev, '\t', 1, true)
-        local sent_to = {}
-        for n in string.gmatch(string.sub(prev, tab + 1), '[^\n]+') do sent_to[#sent_to + 1] = n end
-        result = {2, string.sub(prev, 1, tab - 1), sent_to}; break
-      end
     end
 
     -- chain depth and the auto-reply rule
