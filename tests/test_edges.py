@@ -228,7 +228,14 @@ def everyone_broadcasts(url: str, n: int) -> dict[str, int]:
     fields = int(r.hlen(f"rb:{{{name}}}:rate"))
     bus.close()
     r.close()
-    return {"start": start, "start_fields": start_fields, "peak": peak, "end": end, "peak_fields": peak_fields, "fields": fields}
+    return {
+        "start": start,
+        "peak": peak,
+        "end": end,
+        "start_fields": start_fields,
+        "peak_fields": peak_fields,
+        "fields": fields,
+    }
 
 
 def test_rate_bookkeeping_of_200_broadcasting_agents_is_swept_away(
