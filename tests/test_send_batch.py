@@ -94,11 +94,11 @@ def _state(r: redis.Redis, ch: Any) -> tuple[Any, ...]:
 def test_send_many_equals_the_same_sends_one_by_one(
     redis7: Server, items: list[dict], routing: str, siblings: bool
 ) -> None:
-    # send.lua has three ways to decide a plain message (one member named): plain() in a
-    # batch, the fast path of a lone send, and the general loop, which also decides a list of
-    # names. The same random sends go out all three ways, on three identical families, and
-    # must accept, refuse and count alike (routing included: without siblings, "sib" is out of
-    # mid's reach on a family channel).
+    # A plain message (one member named) reaches send.lua three ways: in a batch (after the
+    # batch read up front what all its messages name), alone, and as a list of one name. The
+    # same random sends go out all three ways, on three identical families, and must accept,
+    # refuse and count alike (routing included: without siblings, "sib" is out of mid's reach
+    # on a family channel).
     r = redis.Redis(port=redis7.port, decode_responses=True)
     with Bus.from_url(redis7.url) as bus:
         # given: three identical families
@@ -128,7 +128,7 @@ def test_send_many_equals_the_same_sends_one_by_one(
 
 
 def _as_list(item: dict) -> dict:
-    """A plain message's recipient named in a list of one (which takes the general loop)."""
+    """A plain message's recipient named in a list of one (refusals per recipient)."""
     to = item["to"]
     plain = isinstance(to, str) and to not in ("all", "parent")
     return dict(item, to=[to]) if plain and not item.get("idempotency_key") else item

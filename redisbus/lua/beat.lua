@@ -8,8 +8,7 @@
 -- reports each with outcome.lua "lost". A lost agent that beats again becomes "running".
 
 local beat, status, lease = KEYS[1], KEYS[2], tonumber(ARGV[1])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 for i = 2, #ARGV, 3 do
   local agent, replica, want = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local s = redis.call('HGET', status, agent)

@@ -22,9 +22,7 @@ if redis.call('EXISTS', meta) == 1 then
   for _, v in ipairs(redis.call('HGETALL', meta)) do out[#out + 1] = v end
   return out
 end
-local t = redis.call('TIME')
-local fields = {'created_ms', tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)),
-  'paused', '0'}
+local fields = {'created_ms', tostring(now_ms()), 'paused', '0'}
 for i = 1, #ARGV, 3 do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]

@@ -13,19 +13,11 @@
 -- A done mark keeps the read and delivery times: "D<done_ms>:<read_ms>:<delivered_ms>:<result>".
 
 local stream, inbox, marks, agent, result = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
-local function addressed(id)
+local function addressed_here(id) -- is entry `id` addressed to the agent?
   local e = redis.call('XRANGE', stream, id, id)[1]
-  if not e then return false end
-  local f = e[2]
-  for j = 1, #f, 2 do
-    if f[j] == 't' then
-      return string.find('\n' .. f[j + 1] .. '\n', '\n' .. agent .. '\n', 1, true) ~= nil
-    end
-  end
-  return false
+  return e ~= nil and addressed(e[2], agent)
 end
 
 -- first pass: classify every id, change nothing
@@ -37,10 +29,10 @@ for i = 3, #ARGV do
   local kind = string.sub(mark, 1, 1)
   if kind == 'D' then
     flags[#flags + 1] = 0
-  elseif pel and (kind == 'R' or addressed(id)) then
+  elseif pel and (kind == 'R' or addressed_here(id)) then
     flags[#flags + 1] = 1
     plan[#plan + 1] = {id, mark, pel}
-  elseif not pel and kind == '' and addressed(id) then
+  elseif not pel and kind == '' and addressed_here(id) then
     flags[#flags + 1] = -2
     refused = true
   else

@@ -26,8 +26,7 @@ if nchars == 0 or nchars > max_name or string.find(name, '%c') or string.find(na
   return {0, 'invalid_input', 'bad agent name'}
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
 if parent ~= '' and redis.call('HEXISTS', parents, parent) == 0 then
   parent = redis.call('HGET', ids, parent) or parent

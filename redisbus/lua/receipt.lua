@@ -9,8 +9,7 @@
 --   passed: the recipient's group cursor is at or past the entry (it has been fetched)
 
 local stream, marks, id = KEYS[1], KEYS[2], ARGV[1]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local e = redis.call('XRANGE', stream, id, id)
 if not e[1] then return {now} end
 local to, ttl = '', ''

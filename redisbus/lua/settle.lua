@@ -24,7 +24,7 @@
 
 local stream, inbox, marks, status, agent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = time_ms(t)
 local changed = 0
 for i = 2, #ARGV, 2 do
   local op, id = ARGV[i], ARGV[i + 1]

@@ -24,29 +24,8 @@ local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local rate = KEYS[7]
 local lease, max_deliveries, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local consumer_idle, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
--- circuit breaker: count a dead letter of `who`; enough within the window open its breaker
--- (kept identical to claim.lua's: scripts cannot share code; send.lua reads the result)
-local function trip(who)
-  local cfg = redis.call('HMGET', meta, 'breaker_failures', 'breaker_window_s', 'breaker_cooldown_s')
-  local limit = tonumber(cfg[1] or '0')
-  if limit <= 0 then return end
-  local window, cool = tonumber(cfg[2] or '0') * 1000, tonumber(cfg[3] or '0') * 1000
-  local v = redis.call('HGET', rate, 'b\n' .. who)
-  local n, first = 0, now
-  if v then
-    local a, b = string.match(v, '^(%d+) (%d+)')
-    n, first = tonumber(a), tonumber(b)
-    if now - first > window then n, first = 0, now end
-  end
-  n = n + 1
-  local until_ms = 0
-  if n >= limit then n, first, until_ms = 0, now, now + cool end
-  redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
-end
-
 local function next_id(id)
   local m, s = string.match(id, '^(%d+)-(%d+)$')
   return m .. '-' .. (tonumber(s) + 1)
@@ -67,16 +46,13 @@ for _, g in ipairs(groups) do
       if tonumber(p[4]) >= max_deliveries then
         local e = redis.call('XRANGE', stream, p[1], p[1])[1]
         if e then
-          local fields = {'o', p[1], 'a', name, 'n', tostring(p[4]), 'w', 'max_deliveries',
-            'dead_ms', tostring(now)}
-          for _, v in ipairs(e[2]) do fields[#fields + 1] = v end
-          redis.call('XADD', dlq, '*', unpack(fields))
+          dead_letter(dlq, p[1], name, p[4], e[2], now)
           redis.call('HSET', marks, p[1] .. '\n' .. name, 'F' .. now)
         end
         if redis.call('XACK', stream, name, p[1]) == 1 then
           redis.call('HINCRBY', inbox, name, -1)
           dead = dead + 1
-          trip(name)
+          trip(meta, rate, name, now)
         end
       end
     end

@@ -23,17 +23,8 @@ local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 
-local function field(f, k)
-  for i = 1, #f, 2 do if f[i] == k then return f[i + 1] end end
-  return nil
-end
-local function addressed(f, name)
-  local to = field(f, 't') or ''
-  return string.find('\n' .. to .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
-end
 local function expired(id, f)
   local ttl = field(f, 'x')
   if not ttl then return false end

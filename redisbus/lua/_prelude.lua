@@ -1,0 +1,59 @@
+-- _prelude.lua: the helpers several scripts share. Not a script: a Lua script cannot call
+-- another, so redisbus/_scripts.py puts the helpers a script calls in front of it when it
+-- loads it, and each helper is written once, here. One paragraph per helper (its comment,
+-- then one local function), each after the helpers it calls. A helper touches only the keys
+-- its caller passes in (from its KEYS). Error line numbers in a loaded script count the
+-- helpers' lines first.
+
+-- a TIME reply {seconds, microseconds} in milliseconds
+local function time_ms(t)
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- the Redis clock in milliseconds (TIME; scripts replicate by effects, so this is safe)
+local function now_ms()
+  return time_ms(redis.call('TIME'))
+end
+
+-- the value of field `k` of a stream entry's flat {field, value, ...} list, or nil
+local function field(f, k)
+  for i = 1, #f, 2 do if f[i] == k then return f[i + 1] end end
+  return nil
+end
+
+-- is `name` one of the recipients ('t', names joined by "\n") of an entry's fields?
+local function addressed(f, name)
+  local to = field(f, 't')
+  return to ~= nil and string.find('\n' .. to .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
+end
+
+-- copy entry `id` (its fields `f`), delivered `deliveries` times to `agent`, to the
+-- dead-letter stream `dlq` (the caller acknowledges it and counts the inbox down)
+local function dead_letter(dlq, id, agent, deliveries, f, now)
+  local fields = {'o', id, 'a', agent, 'n', tostring(deliveries), 'w', 'max_deliveries',
+    'dead_ms', tostring(now)}
+  for _, v in ipairs(f) do fields[#fields + 1] = v end
+  redis.call('XADD', dlq, '*', unpack(fields))
+end
+
+-- circuit breaker: count a dead letter of `who` in the channel's rate hash; enough within the
+-- window (meta's breaker_* fields) open its breaker "failures first_ms until_ms", which
+-- send.lua reads before every delivery to `who`
+local function trip(meta, rate, who, now)
+  local cfg = redis.call('HMGET', meta, 'breaker_failures', 'breaker_window_s', 'breaker_cooldown_s')
+  local limit = tonumber(cfg[1] or '0')
+  if limit <= 0 then return end
+  local window, cool = tonumber(cfg[2] or '0') * 1000, tonumber(cfg[3] or '0') * 1000
+  local v = redis.call('HGET', rate, 'b\n' .. who)
+  local n, first = 0, now
+  if v then
+    local a, b = string.match(v, '^(%d+) (%d+)')
+    n, first = tonumber(a), tonumber(b)
+    if now - first > window then n, first = 0, now end
+  end
+  n = n + 1
+  local until_ms = 0
+  if n >= limit then n, first, until_ms = 0, now, now + cool end
+  redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
+end
+
