@@ -56,7 +56,10 @@ def plan_send(
     trace: object = None,
     signer: Signer | None = None,
     channel: str = "",
+    cause: str = "",
 ) -> SendPlan:
+    """``cause``: the entry id of the message the sender is handling ("" when none): the new
+    message joins its chain, one deeper (send.lua reads the chain from that entry)."""
     mode, names = check.recipients(to)
     text_body = check.body(body)
     subj = check.text(subject, "subject")
@@ -103,15 +106,17 @@ def plan_send(
             tr,
             sig,
             ts,
+            cause,
         ],
     )
 
 
 def plan_batch(
-    sender: str, items: Iterable[object], signer: Signer | None, channel: str
+    sender: str, items: Iterable[object], signer: Signer | None, channel: str, cause: str = ""
 ) -> tuple[list[SendPlan], list[str]]:
     """send_many's items checked (all of them, before anything is sent): their plans and
-    message types. An item is a ``(to, body)`` pair or a mapping of send() arguments."""
+    message types. An item is a ``(to, body)`` pair or a mapping of send() arguments; each
+    carries ``cause`` (see plan_send)."""
     if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
         raise InvalidInput(f"send_many takes a list of items, got {type(items).__name__}")
     plans: list[SendPlan] = []
@@ -134,10 +139,12 @@ def plan_batch(
                 f"got {type(item).__name__}"
             )
         if kw:
-            plans.append(plan_send(sender, to, body, **kw, signer=signer, channel=channel))
+            plans.append(
+                plan_send(sender, to, body, **kw, signer=signer, channel=channel, cause=cause)
+            )
             types.append(kw.get("type", "message"))
         else:  # a pair: send()'s defaults
-            plans.append(plan_send(sender, to, body, signer=signer, channel=channel))
+            plans.append(plan_send(sender, to, body, signer=signer, channel=channel, cause=cause))
             types.append("message")
     return plans, types
 

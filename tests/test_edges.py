@@ -8,6 +8,7 @@ Every test runs against real Redis servers (7 and 6.2) and the in-memory double,
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from typing import Any
 
@@ -263,3 +264,127 @@ def test_rate_bookkeeping_of_1000_broadcasting_agents_is_swept_away(
     assert got["end"] - got["start"] < 4096, got
     with capsys.disabled():
         print(f"\n[1000 agents each broadcasting] {got}")
+
+
+# -- 12: loops of fresh messages are bounded ---------------------------------------------------
+
+RING = ("ring-a", "ring-b", "ring-c")
+
+
+def ring_buses(url: str, chan: str, **limits: Any) -> tuple[list[Any], Any]:
+    """Three buses (hosts) sharing one metrics registry, each with one agent of the ring."""
+    from prometheus_client import CollectorRegistry
+
+    from redisbus import Bus
+    from redisbus.metrics import BusMetrics
+    from tests.conftest import settings
+
+    registry = CollectorRegistry()
+    buses = [
+        Bus.from_url(url, settings=settings(), metrics=BusMetrics(registry, host="test"))
+        for _ in RING
+    ]
+    buses[0].channel(chan, pair_rate_burst=1000, pair_rate_per_s=1000, **limits)
+    return buses, registry
+
+
+def refused_in_chains(registry: Any) -> float:
+    return float(
+        registry.get_sample_value(
+            "redisbus_send_rejected_total", {"reason": "chain_too_deep", "host": "test"}
+        )
+        or 0
+    )
+
+
+def test_a_ring_of_fresh_messages_stops_at_the_chain_depth(redis7: Any) -> None:
+    # given three agents, each in a thread of its own, that answer every message they get
+    # with a NEW message (no reply_to) to the next agent of the ring, between wait() and
+    # mark_done()
+    from redisbus import ChainTooDeep
+
+    redis7.client().flushall()
+    buses, registry = ring_buses(redis7.url, "ring", max_chain_depth=6)
+    agents = [b.channel("ring").join(n) for b, n in zip(buses, RING, strict=True)]
+    stop = threading.Event()
+    seen: list[tuple[str, int]] = []
+    refusals: list[ChainTooDeep] = []
+
+    def forward(i: int) -> None:
+        me, nxt = agents[i], RING[(i + 1) % len(RING)]
+        while not stop.is_set():
+            for m in me.wait(timeout=0.2).messages:
+                seen.append((me.name, m.depth))
+                try:
+                    me.send(nxt, f"passing on {m.id}")
+                except ChainTooDeep as e:
+                    refusals.append(e)
+                    stop.set()
+                me.mark_done(m)
+
+    # when the first agent starts the ring
+    agents[0].send("ring-b", "round and round")
+    threads = [threading.Thread(target=forward, args=(i,)) for i in range(len(RING))]
+    for t in threads:
+        t.start()
+    stopped = stop.wait(20)
+    stop.set()
+    for t in threads:
+        t.join()
+    for b in buses:
+        b.close()
+    # then the ring stops once the chain is as deep as the channel allows: each message one
+    # deeper than the one it was sent while handling, the refusal typed and counted
+    assert stopped, f"the ring ran on: {len(seen)} messages"
+    assert [d for _, d in seen] == list(range(7)), seen
+    assert len(refusals) == 1 and refusals[0].limit == 6
+    assert refused_in_chains(registry) == 1
+
+
+def test_a_fan_out_of_fresh_messages_stops_at_the_chain_budget(redis7: Any) -> None:
+    # given three agents served by `serve` on three hosts, whose handler sends a new
+    # message to both other agents for every message it handles (the chain doubles each
+    # turn: its depth alone would allow thousands)
+    from redisbus import ChainTooDeep
+
+    redis7.client().flushall()
+    buses, registry = ring_buses(
+        redis7.url, "fan", max_chain_depth=50, max_chain_messages=20, inbox_cap=1000
+    )
+    agents = [b.channel("fan").join(n) for b, n in zip(buses, RING, strict=True)]
+    stop = threading.Event()
+    handled: list[str] = []
+    refusals: list[ChainTooDeep] = []
+
+    def handler(agent: Any, m: Any) -> None:
+        handled.append(m.id)
+        for other in RING:
+            if other != agent.name:
+                try:
+                    agent.send(other, "and again")
+                except ChainTooDeep as e:
+                    refusals.append(e)
+
+    threads = [
+        threading.Thread(target=b.serve, args=({a: handler},), kwargs={"stop": stop, "poll_s": 0.1})
+        for b, a in zip(buses, agents, strict=True)
+    ]
+    # when one message starts it
+    agents[0].send("ring-b", "spread the word")
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (refusals and len(handled) >= 20):
+        time.sleep(0.05)
+    time.sleep(0.3)  # whatever was in flight lands
+    stop.set()
+    for t in threads:
+        t.join()
+    for b in buses:
+        b.close()
+    # then the chain holds exactly its budget of messages, and every send past it was refused
+    assert refusals, f"the chain ran on: {len(handled)} messages handled"
+    assert {e.limit for e in refusals} == {20}
+    client = redis7.client()
+    assert client.xlen("rb:{fan}:s") == 20
+    assert refused_in_chains(registry) == len(refusals)

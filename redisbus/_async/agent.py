@@ -69,6 +69,7 @@ class AsyncAgent(AgentState):
             trace=trace,
             signer=self._bus._signer,
             channel=self.channel.name,
+            cause=self._cause(),
         )
         wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
         try:
@@ -105,7 +106,9 @@ class AsyncAgent(AgentState):
         """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
         or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
         gives rejected receipts (with ``.error``) instead of raising."""
-        sent, types = core.plan_batch(self.name, items, self._bus._signer, self.channel.name)
+        sent, types = core.plan_batch(
+            self.name, items, self._bus._signer, self.channel.name, self._cause()
+        )
         if not sent:
             return []
         replies = core.unbatch(
@@ -196,7 +199,7 @@ class AsyncAgent(AgentState):
         )
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
-            self._handed.update(m.id for m in mine)
+            self._hand(mine)
             now_ms = int(reply[0])
             for m in mine:  # first time this agent gets them: delivery latency on the Redis clock
                 self._bus.metrics.delivered(max(0.0, (now_ms - id_ms(m.id)) / 1000))
@@ -347,7 +350,7 @@ class AsyncAgent(AgentState):
             msg = core.message_from_fields(
                 self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
             )
-            self._handed.add(entry_id)
+            self._hand([msg])
             self._deferred += ["r", entry_id]
             out.append(msg)
         if out:
@@ -394,7 +397,7 @@ class AsyncAgent(AgentState):
                     break
             self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
             flags = [int(x) for x in await self._bus._io.script("done", done[1], done[2])]
-        self._handed.difference_update(ids)
+        self._drop_handed(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
             raise InvalidInput(

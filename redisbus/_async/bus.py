@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import _core as core
 from .. import _validate as check
+from .._agent import HANDLING
 from .._errors import RedisbusError
 from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
@@ -238,9 +239,12 @@ async def _serve_one(agent: AsyncAgent, handler: Handler, stop: Event, poll_s: f
         for m in res.messages:
             if m.type == "control":
                 continue
+            handling = HANDLING.set((agent, m.id))
             try:
                 await handler(agent, m)
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue
+            finally:
+                HANDLING.reset(handling)
             await agent.mark_done(m)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _core as core
 from .. import _validate as check
+from .._agent import HANDLING
 from .._errors import RedisbusError
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
@@ -233,9 +234,12 @@ def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> No
         for m in res.messages:
             if m.type == "control":
                 continue
+            handling = HANDLING.set((agent, m.id))
             try:
                 handler(agent, m)
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue
+            finally:
+                HANDLING.reset(handling)
             agent.mark_done(m)
