@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-fast bench lint typecheck format unasync all clean
+.PHONY: help demo test test-fast bench lint typecheck format unasync docs docs-serve soak all clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -14,8 +14,8 @@ $(STAMP): pyproject.toml
 	@test -n "$(PY)" || { echo "need python3.11 on PATH (or make PY=/path/to/python3.11)"; exit 1; }
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PY) is older than 3.11"; exit 1; }
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --upgrade 'pip>=25.1'
+	$(BIN)/pip install -q -e '.[testing,mcp,hermes,a2a,console]' --group dev
 	@touch $(STAMP)
 
 demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS_URL is set)
@@ -39,10 +39,16 @@ typecheck: $(STAMP)  ## mypy --strict on the package
 	$(BIN)/mypy
 
 format: $(STAMP)  ## apply ruff formatting
-	$(BIN)/ruff format redisbus tests bench
-	$(BIN)/ruff check --fix redisbus tests bench
+	$(BIN)/ruff format redisbus tests bench scripts
+	$(BIN)/ruff check --fix redisbus tests bench scripts
+
+docs: $(STAMP)  ## build the docs site into site/ (reference pages generated from the code)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)  ## the docs site on http://127.0.0.1:8000, rebuilt on change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 all: lint typecheck test  ## lint, types, tests
 
 clean:  ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist site *.egg-info

@@ -353,16 +353,43 @@ def panels() -> list[Panel]:
             [target(f"max by (job, instance) ({sel('up')})", "{{job}} {{instance}}")],
         ),
         timeseries(
-            "Exporter scrape duration",
-            "Time the exporter took to read Redis for its last collection. Rising with the "
-            f"number of channels is expected; sudden jumps point at a slow Redis. {fleet_note}",
+            "Exporter collect duration",
+            "Time the exporter took to read Redis for its last collection (not Prometheus' own "
+            "scrape_duration_seconds). Rising with the number of channels is expected; sudden "
+            f"jumps point at a slow Redis. {fleet_note}",
             [
                 target(
-                    f"max by (instance) ({sel('redisbus_exporter_scrape_duration_seconds')})",
+                    f"max by (instance) ({sel('redisbus_exporter_collect_duration_seconds')})",
                     "{{instance}}",
                 )
             ],
             "s",
+        ),
+        row("Redis"),
+        timeseries(
+            "Redis reachable (exporter reads)",
+            "1 when the exporter's last read of Redis succeeded, 0 when it failed (Redis down, "
+            "unreachable, or refusing the exporter's user). The exporter itself stays up, so "
+            "Prometheus' up stays 1: RedisbusRedisDown fires on this 0 after a minute.",
+            [target(f"min by (instance) ({sel('redisbus_exporter_redis_up')})", "{{instance}}")],
+        ),
+        timeseries(
+            "Redis memory used and maxmemory",
+            "Memory Redis uses and its maxmemory (0: no limit), from INFO memory. With "
+            "noeviction a full Redis refuses every send: RedisbusRedisMemoryNearLimit fires "
+            f"above 90% for 5 minutes. {fleet_note}",
+            [
+                target(f"max({sel('redisbus_redis_memory_used_bytes')})", "used"),
+                target(f"max({sel('redisbus_redis_memory_max_bytes')})", "maxmemory"),
+            ],
+            "bytes",
+        ),
+        timeseries(
+            "Redis eviction policy",
+            "The maxmemory-policy Redis runs with (INFO memory). redisbus needs noeviction: any "
+            "other policy may silently delete streams under memory pressure, and "
+            f"RedisbusEvictionPolicyUnsafe fires. {fleet_note}",
+            [target(f"max by (policy) ({sel('redisbus_redis_maxmemory_policy')})", "{{policy}}")],
         ),
         timeseries(
             "Versions running",

@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
+from urllib.parse import urlparse
 
+import redis
 import typer
 from rich.console import Console
 
-from ._errors import BusConnectionError, RedisbusError, UnknownAgent
+from . import _validate as check
+from ._errors import BusConnectionError, InvalidInput, RedisbusError, UnknownAgent, UnknownChannel
+from ._filters import check_entry_id, parse_filter, parse_since
+from ._keys import ChannelKeys
+from ._model import Member
 from ._settings import BusSettings
 from ._validate import channel_name
 from .bus import Agent, Bus, Channel
 
-__all__ = ["Exit", "app", "attach", "connect", "existing_channel", "write_json"]
+__all__ = [
+    "Exit",
+    "app",
+    "attach",
+    "connect",
+    "existing_channel",
+    "existing_member",
+    "member_handle",
+    "write_json",
+]
+
+# a TLS handshake with a server that does not speak TLS never completes: give up this soon
+TLS_HANDSHAKE_S = 3.0
 
 CONNECT_HELP = (
     "Redis URL (redis://, rediss://, redis+sentinel://). Unset: a private Redis. With "
@@ -36,7 +56,7 @@ app = typer.Typer(
         "Exit status: 0 ok, 1 refused or failed, 2 bad input, 3 no Redis."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode="markdown",
     pretty_exceptions_enable=False,
 )
@@ -62,7 +82,10 @@ AsOpt = Annotated[
         "--as",
         envvar="REDISBUS_AS",
         show_default=False,
-        help="Agent name to act as (joins the channel under this name if not yet a member).",
+        help=(
+            "Agent name to act as. `join` and `send` join it when it is not a member yet; "
+            "every other command needs an existing member. No commas: `a,b` is a recipient list."
+        ),
     ),
 ]
 ParentOpt = Annotated[
@@ -123,6 +146,7 @@ def settings_for(url: str | None, prefix: str | None = None, cluster: bool = Fal
 def connect(url: str | None, prefix: str | None = None, cluster: bool = False) -> Iterator[Bus]:
     s = settings_for(url, prefix, cluster)
     if s.url:
+        tls_preflight(s.url, s)
         bus = Bus.from_url(s.url, settings=s)
     else:  # SPEC: no URL, a private Redis (the board's, when REDISBUS_DATA_DIR names one)
         data = s.data_dir
@@ -138,14 +162,75 @@ def connect(url: str | None, prefix: str | None = None, cluster: bool = False) -
         bus.close()
 
 
+def tls_preflight(url: str, settings: BusSettings) -> None:
+    """A ``rediss://`` URL: complete one TLS handshake within ``TLS_HANDSHAKE_S`` before the
+    client connects. A plain Redis never answers a TLS hello, and the client would wait for
+    its socket timeout on every retry (over a minute) before saying anything. Certificates
+    are not checked here: the client checks them on its own connection."""
+    p = urlparse(url)
+    if p.scheme != "rediss":
+        return
+    host, port = p.hostname or "localhost", p.port or 6379
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if settings.ssl_certfile:
+        context.load_cert_chain(settings.ssl_certfile, settings.ssl_keyfile)
+    where = f"{host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=settings.connect_timeout_s) as raw:
+            raw.settimeout(TLS_HANDSHAKE_S)
+            with context.wrap_socket(raw, server_hostname=host):
+                return
+    except TimeoutError:
+        reason = f"no TLS handshake within {TLS_HANDSHAKE_S:g} s"
+    except ssl.SSLError as e:
+        reason = f"TLS handshake failed ({e.reason or e})"
+    except OSError as e:
+        raise BusConnectionError(f"Redis unreachable at {where}: {e}") from e
+    raise BusConnectionError(
+        f"rediss:// to {where}: {reason}; is it a plain Redis? use redis:// for a server "
+        "without TLS"
+    )
+
+
 def existing_channel(bus: Bus, name: str) -> Channel:
     """Attach to a channel that exists; a typo must not create an empty channel."""
     cname = channel_name(name)
-    known = bus.channels()
-    if cname not in known:
-        hint = f" (channels: {', '.join(known[:10])})" if known else " (there are no channels)"
-        raise UnknownAgent(f"no such channel {cname!r}{hint}")
+    keys = ChannelKeys.build(bus.settings.prefix, cname)
+    if not raw_redis(bus.redis.exists, keys.meta):
+        raise UnknownChannel(f"no such channel {cname!r} (`redisbus stats` lists the channels)")
     return bus.channel(cname)
+
+
+def agent_option(name: str, what: str = "--as") -> str:
+    """A name given to --as or --parent: a comma would make it unaddressable from here
+    (``send a,b`` is a list of two recipients), so it is refused."""
+    if "," in name:
+        raise InvalidInput(f"{what} {name!r}: agent names cannot contain a comma")
+    return name
+
+
+def existing_member(ch: Channel, name: str) -> Member:
+    """The member ``name`` of ``ch``; commands other than join and send never create one."""
+    member = ch.members().get(agent_option(name))
+    if member is None:
+        raise UnknownAgent(
+            f"no such member {name!r} in channel {ch.name!r} "
+            f"(`redisbus join {ch.name} --as {name}` first)"
+        )
+    return member
+
+
+def member_handle(ch: Channel, name: str, settings: BusSettings) -> Agent:
+    """A handle on an existing member that changes nothing by being made: no join, so no
+    status change, no heartbeat (for list, receipt, discover)."""
+    m = existing_member(ch, name)
+    return Agent(ch, m.name, m.id, m.depth, m.parent, cli_replica(settings))
+
+
+def cli_replica(settings: BusSettings) -> str:
+    return settings.replica or f"{settings.host}/cli"
 
 
 def precheck(
@@ -160,9 +245,6 @@ def precheck(
 ) -> None:
     """Refuse bad options before anything touches Redis: a refused command must not even join
     its --as agent."""
-    from . import _validate as check
-    from ._filters import check_entry_id, parse_filter, parse_since
-
     parse_filter(filter_by)
     parse_since(since)
     if limit is not None:
@@ -179,8 +261,10 @@ def precheck(
 
 def attach(ch: Channel, name: str, parent: str | None, settings: BusSettings, **card: Any) -> Agent:
     """Join as ``name`` (re-attaching when it is already a member) with a CLI replica name."""
-    replica = settings.replica or f"{settings.host}/cli"
-    return ch.join(name, parent=parent, replica=replica, **card)
+    agent_option(name)
+    if parent is not None:
+        agent_option(parent, "--parent")
+    return ch.join(name, parent=parent, replica=cli_replica(settings), **card)
 
 
 def write_json(value: object) -> None:
@@ -190,8 +274,6 @@ def write_json(value: object) -> None:
 
 def raw_redis(fn: Any, *args: Any, **kw: Any) -> Any:
     """A raw redis-py call from the CLI, with Redis errors turned into the bus's own."""
-    import redis
-
     try:
         return fn(*args, **kw)
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:

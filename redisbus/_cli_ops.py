@@ -4,6 +4,7 @@ redis, demo."""
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import time
 from typing import Annotated, Any
@@ -31,9 +32,12 @@ from ._cli_base import (
 )
 from ._cli_view import clock, member_tree, message_text, safe
 from ._core import message_from_fields
+from ._demo_script import DemoError
 from ._keys import ChannelKeys
 from ._validate import channel_name
 from .bus import Channel
+from .demo import run_demo
+from .embedded import EmbeddedRedis, running_url, shared
 
 
 @app.command()
@@ -287,8 +291,12 @@ def redis_server(
     ] = None,
 ) -> None:
     """Run a private Redis in the foreground until Ctrl-C; prints the URL to export."""
-    from .embedded import EmbeddedRedis, shared
-
+    if data and (running := running_url(data)):
+        raise Exit(f"a server already keeps {data}: REDISBUS_URL={running}", 1)
+    if port is not None:
+        # checked before starting: redis-server would exit, but whatever already listens
+        # there would answer the readiness ping and get its URL printed as ours
+        _port_is_free(port)
     if data:
         url, owned = shared(data, port=port)
         if owned is None:
@@ -312,6 +320,18 @@ def redis_server(
             raise Exit(f"redis-server exited with status {server.process.returncode}", 1)
     finally:
         server.stop()
+
+
+def _port_is_free(port: int) -> None:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            raise Exit(
+                f"port {port} on 127.0.0.1 is in use ({e.strerror or e}): choose another "
+                "--port, or leave it out for a free one",
+                1,
+            ) from e
 
 
 def _on_signals() -> Any:
@@ -357,9 +377,6 @@ def demo(
     ] = None,
 ) -> None:
     """The seed-000 anime production ('Neon Dreams') talking over the bus, live."""
-    from ._demo_script import DemoError
-    from .demo import run_demo
-
     try:
         run_demo(procs=agents_procs, data_dir=data, fast=fast, url=url)
     except DemoError as e:

@@ -3,12 +3,17 @@ done, receipt, discover."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import Annotated
+import time
+from typing import Annotated, Any
 
+import redis
 import typer
 from rich.text import Text
 
+from . import _core as core
+from . import _validate as check
 from ._cli_base import (
     AsOpt,
     ChannelArg,
@@ -22,25 +27,36 @@ from ._cli_base import (
     RoutingOpt,
     SinceOpt,
     UrlOpt,
+    agent_option,
     app,
     attach,
     connect,
     err,
     existing_channel,
+    existing_member,
+    member_handle,
     out,
     precheck,
+    raw_redis,
     write_json,
 )
 from ._cli_view import message_text, print_messages, receipt_table, refusal_text, safe
-from ._errors import UnknownAgent
+from ._errors import BusConnectionError, InvalidInput, RedisbusError
+from ._model import Message, Receipt
+from .bus import Agent, Bus, Channel
 
 # -- talking ----------------------------------------------------------------------------------
 
 
 def recipients(to: str) -> str | list[str]:
-    if "," in to:
-        return [n.strip() for n in to.split(",") if n.strip()]
-    return to
+    """``a,b,c`` is a list of names (no name has a comma: --as refuses one); ``all``, ``parent``
+    or a single name otherwise."""
+    if "," not in to:
+        return to
+    names = [n.strip() for n in to.split(",")]
+    if not all(names):
+        raise InvalidInput(f"recipient list {to!r} has an empty name (syntax: a,b,c)")
+    return names
 
 
 @app.command()
@@ -87,7 +103,10 @@ def send(
     channel: ChannelArg,
     to: Annotated[
         str,
-        typer.Argument(help="Recipient: a name, 'parent', 'all', or a,b,c.", show_default=False),
+        typer.Argument(
+            help="Recipient: a name, 'parent', 'all', or a list a,b,c (names have no commas).",
+            show_default=False,
+        ),
     ],
     body: Annotated[str, typer.Argument(help="Message body; '-' reads stdin.", show_default=False)],
     agent: AsOpt,
@@ -107,32 +126,52 @@ def send(
         typer.Option(
             "--await-delivery",
             envvar="REDISBUS_AWAIT_DELIVERY_S",
-            help="Wait up to this many seconds for the recipient to fetch it.",
+            help=(
+                "Wait up to this many seconds for the recipient to fetch it; exit 1 when it "
+                "has not by then (the message stays queued)."
+            ),
         ),
     ] = None,
-    routing: RoutingOpt = None,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     cluster: ClusterOpt = False,
 ) -> None:
-    """Send a message as --as NAME (creating the channel and joining the agent if needed)."""
+    """Send a message as --as NAME on an existing channel (joining NAME if it is not a member).
+
+    A send refused for every recipient leaves nothing behind: a NAME it joined is removed again.
+    """
     text = sys.stdin.read() if body == "-" else body
+    agent_option(agent)
+    if parent is not None:
+        agent_option(parent, "--parent")
+    target = recipients(to)
+    fields: dict[str, Any] = {
+        "subject": subject,
+        "type": type_,
+        "priority": priority,
+        "reply_to": reply_to,
+        "ttl_s": ttl,
+        "idempotency_key": key,
+    }
+    core.plan_send(agent, target, text, **fields)  # bad input: refused before anything joins
+    if await_delivery is not None:
+        check.seconds(await_delivery, "await_delivery")
     with connect(url, prefix, cluster) as bus:
-        ch = bus.channel(channel, routing=routing)
+        ch = existing_channel(bus, channel)
+        new = agent not in ch.members()
         me = attach(ch, agent, parent, bus.settings)
-        result = me.send(
-            recipients(to),
-            text,
-            subject=subject,
-            type=type_,
-            priority=priority,
-            reply_to=reply_to,
-            ttl_s=ttl,
-            idempotency_key=key,
-            await_delivery=await_delivery,
-        )
-        receipts = result if isinstance(result, list) else [result]
+        try:
+            result = me.send(target, text, await_delivery=await_delivery, **fields)
+        except (InvalidInput, BusConnectionError):
+            if new:
+                _leave_again(bus, ch, me)
+            raise
+        except RedisbusError as e:  # one recipient, refused: a rejected receipt, as for lists
+            result = Receipt(id=None, to=to, status="rejected", error=e)
+        receipts: list[Receipt] = result if isinstance(result, list) else [result]
+        if new and not any(r.id for r in receipts):
+            _leave_again(bus, ch, me)
         if as_json:
             write_json(
                 [r.as_dict() for r in receipts] if isinstance(result, list) else result.as_dict()
@@ -147,9 +186,51 @@ def send(
                             ("refused", "red"), f"  → {safe(r.to)}  ", safe(refusal_text(r.error))
                         )
                     )
-        refused = [r for r in receipts if r.error is not None]
-        if refused:
-            raise Exit(f"refused for {len(refused)} of {len(receipts)} recipient(s)", 1)
+    if not receipts:
+        raise Exit(f"nobody to send to: {agent} is the only member of {channel}", 1)
+    refused = [r for r in receipts if r.error is not None]
+    if refused:
+        if len(receipts) == 1:
+            assert refused[0].error is not None
+            raise Exit(f"refused: {refusal_text(refused[0].error)}", 1)
+        raise Exit(f"refused for {len(refused)} of {len(receipts)} recipient(s)", 1)
+    late = [r for r in receipts if await_delivery and r.status == "queued"]
+    if late:
+        raise Exit(
+            f"not delivered within {await_delivery or 0:g} s to "
+            f"{', '.join(r.to for r in late)}: still queued (it stays so until the recipient "
+            f"fetches it; is it running `redisbus wait`? `redisbus receipt {channel} "
+            f"{late[0].id} --as {agent}` shows when it does)",
+            1,
+        )
+
+
+def _leave_again(bus: Bus, ch: Channel, me: Agent) -> bool:
+    """Undo the join of a member this command created, when nothing was sent: the member,
+    its consumer group and its lease go again. Guarded by WATCH: when anything else touched
+    the member meanwhile (a message to it, a child, a status), it is left in place."""
+    me.close()  # no more heartbeats for it
+    k, r = ch.keys, bus.redis
+    with r.pipeline() as p:
+        try:
+            raw_redis(p.watch, k.members, k.parents, k.status, k.inbox)
+            record = p.hget(k.members, me.name)
+            undone = int(p.hget(k.inbox, me.name) or 0)
+            children = me.name in p.hvals(k.parents)
+            if record is None or me.id not in record or undone or children:
+                return False
+            p.multi()
+            p.hdel(k.members, me.name)
+            p.hdel(k.parents, me.name)
+            p.hdel(k.status, me.name)
+            p.hdel(k.ids, me.id)
+            p.hdel(k.inbox, me.name)
+            p.hdel(k.beat, f"{me.name}\n{me.replica}")  # the field join.lua writes
+            p.xgroup_destroy(k.stream, me.name)
+            raw_redis(p.execute)
+            return True
+        except redis.WatchError:
+            return False
 
 
 @app.command()
@@ -165,17 +246,19 @@ def read(
             "--done", envvar="REDISBUS_DONE", help="Also mark the messages addressed to you done."
         ),
     ] = False,
-    parent: ParentOpt = None,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     cluster: ClusterOpt = False,
 ) -> None:
-    """Read messages in full; those addressed to you become read (default filter: unread)."""
+    """Read messages in full as an existing member; those addressed to you become read
+    (default filter: unread)."""
     precheck(filter_by=filter_by, since=since, limit=limit)
     with connect(url, prefix, cluster) as bus:
-        me = attach(existing_channel(bus, channel), agent, parent, bus.settings)
+        me = _acting(existing_channel(bus, channel), agent, bus)
         msgs = me.read(filter_by=filter_by, since=since, limit=limit)
+        # what this read returned to its addressee is read now, whatever it was before
+        msgs = [dataclasses.replace(m, read=True) if me.name in m.to else m for m in msgs]
         mine = [m for m in msgs if me.name in m.to]
         if done and mine:
             me.mark_done(mine)
@@ -192,16 +275,16 @@ def list_(
     preview: Annotated[
         int, typer.Option("--preview", envvar="REDISBUS_PREVIEW_CHARS", help="Body chars shown.")
     ] = 200,
-    parent: ParentOpt = None,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     cluster: ClusterOpt = False,
 ) -> None:
-    """List message headers and read flags; changes nothing (default filter: all)."""
+    """List message headers and read flags as an existing member; changes nothing (default
+    filter: all)."""
     precheck(filter_by=filter_by, since=since, limit=limit, preview=preview)
     with connect(url, prefix, cluster) as bus:
-        me = attach(existing_channel(bus, channel), agent, parent, bus.settings)
+        me = member_handle(existing_channel(bus, channel), agent, bus.settings)
         print_messages(
             me.list(filter_by=filter_by, since=since, limit=limit, preview_chars=preview),
             as_json,
@@ -216,25 +299,69 @@ def wait(
     timeout: Annotated[
         float, typer.Option("--timeout", envvar="REDISBUS_WAIT_TIMEOUT_S", help="s, at most 300.")
     ] = 30.0,
-    parent: ParentOpt = None,
+    done: Annotated[
+        bool,
+        typer.Option("--done", envvar="REDISBUS_DONE", help="Also mark what it returns done."),
+    ] = False,
     as_json: JsonOpt = False,
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     cluster: ClusterOpt = False,
 ) -> None:
-    """Block until a message for --as NAME arrives (exit 1 on timeout)."""
+    """Block until a message for --as NAME that it has not read yet (exit 1 on timeout).
+
+    What it returns becomes read, so the next `wait` returns only newer messages (or ones a
+    crashed replica left). They stay undone until `redisbus done` or `wait --done`.
+    """
     precheck(timeout=timeout)
     with connect(url, prefix, cluster) as bus:
-        me = attach(existing_channel(bus, channel), agent, parent, bus.settings)
-        result = me.wait(timeout=timeout)
+        me = _acting(existing_channel(bus, channel), agent, bus)
+        kind, msgs = _wait_unread(me, timeout)
+        if done and msgs:
+            me.mark_done(msgs)
         me.flush()
         if as_json:
-            write_json({"kind": result.kind, "messages": [m.as_dict() for m in result.messages]})
+            write_json({"kind": kind, "messages": [m.as_dict() for m in msgs]})
         else:
-            for m in result.messages:
+            for m in msgs:
                 out.print(message_text(m))
-        if result.kind == "timeout":
+        if kind == "timeout":
             raise Exit(f"timeout: no message for {agent} within {timeout:g} s", 1)
+
+
+def _wait_unread(me: Agent, timeout: float) -> tuple[str, list[Message]]:
+    """``me.wait`` without what an earlier command already returned. A new handle's first
+    wait hands back its replica's pending entries first (crash recovery); for a one-shot
+    command they are mostly messages an earlier `read` or `wait` returned: those already
+    read are left out (their marks say so; this wait's own marks are written later)."""
+    seen = _read_before(me)
+    deadline = time.monotonic() + timeout
+    while True:
+        result = me.wait(max(0.0, deadline - time.monotonic()))
+        fresh = [m for m in result.messages if m.id not in seen]
+        if fresh:
+            return core.wait_kind(me.name, fresh), fresh
+        if result.kind == "timeout" or time.monotonic() >= deadline:
+            return "timeout", []
+
+
+def _read_before(me: Agent) -> set[str]:
+    """Ids pending for this command's replica that the agent has read already."""
+    pending = raw_redis(
+        me.channel.bus.redis.xpending_range,
+        me.channel.keys.stream,
+        me.name,
+        min="-",
+        max="+",
+        count=10_000,
+        consumername=me.replica,
+    )
+    seen = set()
+    for p in pending:
+        entry = p["message_id"]
+        if any(r.to == me.name and r.read_at is not None for r in me.receipt(entry)):
+            seen.add(entry)
+    return seen
 
 
 @app.command()
@@ -247,10 +374,10 @@ def done(
     prefix: PrefixOpt = None,
     cluster: ClusterOpt = False,
 ) -> None:
-    """Mark messages addressed to --as NAME done."""
+    """Mark messages addressed to --as NAME (an existing member) done."""
     precheck(ids=ids, result=result)
     with connect(url, prefix, cluster) as bus:
-        me = attach(existing_channel(bus, channel), agent, None, bus.settings)
+        me = _acting(existing_channel(bus, channel), agent, bus)
         changed = me.mark_done(ids, result=result)
         err.print("done" if changed else "already done")
 
@@ -266,11 +393,10 @@ def receipt(
     cluster: ClusterOpt = False,
 ) -> None:
     """Show the receipts of a message: queued, delivered, read, done per recipient."""
+    precheck(ids=[message_id])
     with connect(url, prefix, cluster) as bus:
-        ch = existing_channel(bus, channel)
-        if agent not in ch.members():
-            raise UnknownAgent(f"{agent!r} is not a member of channel {ch.name!r}")
-        receipts = attach(ch, agent, None, bus.settings).receipt(message_id)
+        me = member_handle(existing_channel(bus, channel), agent, bus.settings)
+        receipts = me.receipt(message_id)
         if as_json:
             write_json([r.as_dict() for r in receipts])
         else:
@@ -290,10 +416,8 @@ def discover(
 ) -> None:
     """Members --as NAME may reach, ranked by how well their cards (skills, description) match."""
     with connect(url, prefix, cluster) as bus:
-        ch = existing_channel(bus, channel)
-        if agent not in ch.members():
-            raise UnknownAgent(f"{agent!r} is not a member of channel {ch.name!r}")
-        found = attach(ch, agent, None, bus.settings).discover(query, limit=limit)
+        me = member_handle(existing_channel(bus, channel), agent, bus.settings)
+        found = me.discover(query, limit=limit)
         if as_json:
             write_json([m.as_dict() for m in found])
             return
@@ -308,3 +432,9 @@ def discover(
                     f"  {safe(m.description)}",
                 )
             )
+
+
+def _acting(ch: Channel, name: str, bus: Bus) -> Agent:
+    """An existing member, attached as this command's replica (read, wait, done act as it)."""
+    existing_member(ch, name)
+    return attach(ch, name, None, bus.settings)

@@ -12,7 +12,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from ._cli_base import err, out, write_json
-from ._errors import LimitExceeded, RedisbusError
+from ._errors import RedisbusError
 from ._model import Member, Message, Receipt
 from .bus import Channel
 
@@ -80,18 +80,8 @@ def receipt_table(receipts: Sequence[Receipt], title: str | None = None) -> Tabl
 
 
 def refusal_text(e: RedisbusError) -> str:
-    text = f"{e.code}: {e}"
-    if isinstance(e, LimitExceeded):
-        details = []
-        if e.limit is not None:
-            details.append(f"limit {e.limit:g}")
-        if e.current is not None:
-            details.append(f"current {e.current:g}")
-        if e.retry_after_s is not None:
-            details.append(f"retry after {e.retry_after_s:.2f} s")
-        if details:
-            text += f" ({', '.join(details)})"
-    return text
+    """``code: reason``; a limit's reason carries its numbers (see ``LimitExceeded.__str__``)."""
+    return f"{e.code}: {e}"
 
 
 def print_messages(msgs: Sequence[Message], as_json: bool, *, show_read: bool) -> None:

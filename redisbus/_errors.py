@@ -15,7 +15,8 @@
     │   └── BudgetExceeded                     team budget: depth, members or messages
     ├── RoutingRefused                         recipient outside the sender's reach
     ├── NotPermitted                           e.g. cancelling an agent that is not your child
-    ├── UnknownAgent                           no such member (or no such channel)
+    ├── UnknownAgent                           no such member
+    │   └── UnknownChannel                     no such channel
     ├── AgentClosed                            the agent failed, was cancelled or lost
     │   └── RecipientClosed                    ... and so cannot receive
     ├── ChannelPaused                          the channel refuses sends until resumed
@@ -26,6 +27,7 @@ Every public call raises only these; Redis exceptions are wrapped with ``raise .
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +50,32 @@ __all__ = [
     "RoutingRefused",
     "TooLarge",
     "UnknownAgent",
+    "UnknownChannel",
+    "human_bytes",
+    "human_number",
 ]
+
+
+def human_number(value: float) -> str:
+    """A number as people write it: ``1048576``, ``0.002``, ``2.5`` (never ``1.04858e+06``)."""
+    v = float(value)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    if v == int(v) and abs(v) < 1e18:
+        return str(int(v))
+    if abs(v) >= 0.001:
+        return f"{v:.3f}".rstrip("0").rstrip(".")
+    return f"{v:.1g}"
+
+
+def human_bytes(value: float) -> str:
+    """``1 MiB``, ``32 KiB``, ``1.5 KiB``, ``900 B``."""
+    v = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(v) < 1024 or unit == "GiB":
+            return f"{human_number(round(v, 1))} {unit}"
+        v /= 1024
+    raise AssertionError("unreachable")
 
 
 class RedisbusError(Exception):
@@ -82,6 +109,21 @@ class LimitExceeded(RedisbusError):
         self.limit = limit
         self.current = current
         self.retry_after_s = retry_after_s
+
+    def __str__(self) -> str:
+        """The reason with the numbers a caller acts on: ``body is too large (bytes): limit
+        32768 (32 KiB), current 40000 (39.1 KiB)``; ``...: limit 3, current 0, retry after
+        0.5 s``."""
+        text = super().__str__()
+        in_bytes = "bytes" in text
+        details = []
+        for what, v in (("limit", self.limit), ("current", self.current)):
+            if v is not None:
+                size = f" ({human_bytes(v)})" if in_bytes and v >= 1024 else ""
+                details.append(f"{what} {human_number(v)}{size}")
+        if self.retry_after_s is not None:
+            details.append(f"retry after {human_number(self.retry_after_s)} s")
+        return f"{text}: {', '.join(details)}" if details else text
 
 
 class InboxFull(LimitExceeded):
@@ -124,6 +166,12 @@ class UnknownAgent(RedisbusError):
     code = "unknown_agent"
 
 
+class UnknownChannel(UnknownAgent):
+    """No such channel (an ``UnknownAgent`` too, so ``except UnknownAgent`` still catches it)."""
+
+    code = "unknown_channel"
+
+
 class AgentClosed(RedisbusError):
     code = "agent_closed"
 
@@ -155,6 +203,7 @@ _BY_CODE: dict[str, type[RedisbusError]] = {
         RoutingRefused,
         NotPermitted,
         UnknownAgent,
+        UnknownChannel,
         AgentClosed,
         RecipientClosed,
         ChannelPaused,

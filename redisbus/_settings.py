@@ -33,14 +33,16 @@ class BusSettings(BaseSettings):
     )
     cluster: bool = Field(default=False, description="treat url as one node of a Redis Cluster")
     prefix: str = Field(default="rb", description="key prefix shared by every key of the bus")
-    socket_timeout_s: float = 10.0
-    connect_timeout_s: float = 5.0
+    socket_timeout_s: float = Field(
+        default=10.0, description="a Redis reply slower than this fails"
+    )
+    connect_timeout_s: float = Field(default=5.0, description="connecting to Redis")
     retry_attempts: int = Field(default=5, ge=0, description="retries on connection errors")
-    ssl_ca_certs: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
-    username: str | None = None
-    password: str | None = None
+    ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://")
+    ssl_certfile: str | None = Field(default=None, description="client certificate (mutual TLS)")
+    ssl_keyfile: str | None = Field(default=None, description="client certificate's key")
+    username: str | None = Field(default=None, description="Redis ACL user")
+    password: str | None = Field(default=None, description="Redis password")
 
     # -- identity -----------------------------------------------------------------------------
     host: str = Field(default_factory=socket.gethostname, description="this host's name")
@@ -49,14 +51,18 @@ class BusSettings(BaseSettings):
     )
 
     # -- default channel limits (stored in Redis when a channel is created) --------------------
-    inbox_cap: int = Field(default=128, ge=1)
-    max_body_bytes: int = Field(default=32 * 1024, ge=1)
-    max_name_chars: int = Field(default=128, ge=1, le=1024)
+    inbox_cap: int = Field(default=128, ge=1, description="undone messages per recipient")
+    max_body_bytes: int = Field(default=32 * 1024, ge=1, description="UTF-8 bytes of a body")
+    max_name_chars: int = Field(
+        default=128, ge=1, le=1024, description="characters of a name or subject"
+    )
     pair_rate_burst: float = Field(default=3, ge=0, description="0 disables the pair bucket")
-    pair_rate_per_s: float = Field(default=1.0, ge=0)
+    pair_rate_per_s: float = Field(default=1.0, ge=0, description="pair bucket refill")
     sender_rate_burst: float = Field(default=60, ge=0, description="0 disables it")
-    sender_rate_per_s: float = Field(default=20.0, ge=0)
-    max_chain_depth: int = Field(default=10, ge=0)
+    sender_rate_per_s: float = Field(default=20.0, ge=0, description="sender bucket refill")
+    max_chain_depth: int = Field(
+        default=10, ge=0, description="replies of replies, and messages sent while handling one"
+    )
     max_chain_messages: int = Field(
         default=100,
         ge=0,
@@ -66,7 +72,9 @@ class BusSettings(BaseSettings):
     max_depth: int = Field(default=0, ge=0, description="team budget: tree depth, 0 = none")
     max_members: int = Field(default=0, ge=0, description="team budget: members, 0 = none")
     max_messages: int = Field(default=0, ge=0, description="team budget: messages, 0 = none")
-    retention_s: float = Field(default=7 * 24 * 3600, gt=0)
+    retention_s: float = Field(
+        default=7 * 24 * 3600, gt=0, description="the janitor trims entries older than this"
+    )
 
     # -- loop and runaway protection (seed 003) ------------------------------------------------
     dampen_turns: int = Field(
@@ -78,15 +86,21 @@ class BusSettings(BaseSettings):
     breaker_failures: int = Field(
         default=3, ge=0, description="dead letters of one agent that open its breaker, 0 = off"
     )
-    breaker_window_s: float = Field(default=300.0, ge=0)
-    breaker_cooldown_s: float = Field(default=60.0, ge=0)
+    breaker_window_s: float = Field(
+        default=300.0, ge=0, description="dead letters counted within this window"
+    )
+    breaker_cooldown_s: float = Field(
+        default=60.0, ge=0, description="an open breaker refuses sends for this long"
+    )
     auto_reply_deny: list[str] = Field(
         default_factory=lambda: ["auto_responder", "message-router"],
         description="senders whose messages never get an automatic answer",
     )
 
     # -- delivery -----------------------------------------------------------------------------
-    wait_timeout_s: float = Field(default=30.0, gt=0, le=MAX_WAIT_S)
+    wait_timeout_s: float = Field(
+        default=30.0, gt=0, le=MAX_WAIT_S, description="wait() without a timeout"
+    )
     lease_s: float = Field(default=60.0, gt=0, description="redelivery lease of a fetched message")
     heartbeat_s: float = Field(default=5.0, gt=0, description="replica heartbeat period")
     agent_lease_s: float = Field(
@@ -94,14 +108,18 @@ class BusSettings(BaseSettings):
     )
     max_deliveries: int = Field(default=5, ge=1, description="then the message is dead-lettered")
     durable: bool = Field(default=False, description="send() waits for a replica (WAIT)")
-    durable_replicas: int = Field(default=1, ge=1)
-    durable_timeout_s: float = Field(default=1.0, gt=0)
+    durable_replicas: int = Field(default=1, ge=1, description="replicas WAIT asks for")
+    durable_timeout_s: float = Field(default=1.0, gt=0, description="how long WAIT waits")
 
     # -- security -----------------------------------------------------------------------------
     signing_keys: dict[str, str] = Field(
         default_factory=dict, description='JSON {"key id": "secret"}; the first signs'
     )
-    unsigned: Literal["reject", "flag"] = "reject"
+    unsigned: Literal["reject", "flag"] = Field(
+        default="reject",
+        description="with signing on, a bad or missing signature: drop it, or deliver it "
+        "with verified=False",
+    )
 
     # -- metrics ------------------------------------------------------------------------------
     metrics: bool = Field(default=True, description="record client metrics (prometheus-client)")

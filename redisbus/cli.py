@@ -8,10 +8,19 @@ Every failure is one line on stderr and a non-zero exit status, never a tracebac
     2  bad input (usage, a malformed filter or time, an out-of-range value)
     3  no Redis (REDISBUS_URL unset or unreachable)
 
-The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover)
-and ``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo). Commands owned by
-other modules (``mcp``, ``exporter``, ``janitor``) are listed in ``PLUGINS``: each such module
-provides ``main(argv: list[str]) -> int`` and is imported only when its command runs.
+What creates what: only ``join`` creates a channel; ``join`` and ``send`` make ``--as NAME`` a
+member (a send refused for every recipient removes a member it made). Every other command needs
+an existing channel (else ``unknown_channel``, exit 1) and, with ``--as``, an existing member
+(else ``unknown_agent: no such member``, exit 1), and changes no roster. Recipients: a name,
+``parent``, ``all`` or ``a,b,c``; names cannot contain a comma. ``wait`` returns messages the
+agent has not read yet and marks them read (``--done``: done), so the next ``wait`` moves on.
+
+The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
+``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor`` (doctor)
+and ``_cli_daemons`` (exporter, janitor); ``mcp`` is a typer command like the others
+(``integrations.mcp._command``) that imports the MCP SDK only when it runs. Commands owned by
+other modules (``a2a``, ``console``) are listed in ``PLUGINS``: each such module provides
+``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """
 
 from __future__ import annotations
@@ -23,13 +32,21 @@ from collections.abc import Sequence
 from typing import Annotated, Any, NoReturn
 
 import click
+import pydantic
 import typer
 from rich.text import Text
 
-from . import __version__, _cli_ops, _cli_talk  # noqa: F401 - they register commands
+from . import (  # noqa: F401 - they register commands
+    __version__,
+    _cli_daemons,
+    _cli_doctor,
+    _cli_ops,
+    _cli_talk,
+)
 from ._cli_base import Exit, app, err
 from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
+from .integrations.mcp import _command as _mcp_command
 
 __all__ = ["PLUGINS", "app", "main", "message_text", "receipt_table"]
 
@@ -53,9 +70,8 @@ def _root(
 # They are imported only when their command runs, so a one-shot `redisbus send` stays fast and
 # a missing optional dependency (the `mcp` SDK) breaks only its own command.
 PLUGINS: dict[str, tuple[str, str]] = {
-    "janitor": ("redisbus.janitor", "Reclaim, dead-letter and trim, on its own (no exporter)."),
-    "exporter": ("redisbus.exporter", "Fleet exporter: backlog gauges, watchdog and janitor."),
-    "mcp": ("redisbus.integrations.mcp", "Serve one agent as MCP tools (stdio or HTTP)."),
+    "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
+    "console": ("redisbus.console", "Live web console of the channels in a browser."),
 }
 
 
@@ -86,6 +102,8 @@ def _plugin(name: str, module: str, summary: str) -> None:
 for _name, (_module, _summary) in PLUGINS.items():
     _plugin(_name, _module, _summary)
 
+_mcp_command.register(app)  # typer options; the MCP SDK is imported only when it runs
+
 # --help lists the commands in the order people reach for them, not in import order
 ORDER = (
     "demo",
@@ -103,6 +121,7 @@ ORDER = (
     "pause",
     "resume",
     "redis",
+    "doctor",
 )
 
 
@@ -138,8 +157,6 @@ def _context() -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``redisbus`` command."""
-    import pydantic
-
     command = typer.main.get_command(app)
     try:
         rv = command.main(

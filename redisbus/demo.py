@@ -33,11 +33,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ._cli_view import member_tree, safe
 from ._core import message_from_fields
 from ._demo_script import CHILDREN, ROLES, Actor, DemoError, director
+from ._errors import human_number
 from ._model import Message, Receipt
 from ._settings import BusSettings
 from .bus import Bus, Channel
+from .embedded import EmbeddedRedis
 
 __all__ = ["percentile", "run_demo", "worker_main"]
 
@@ -185,8 +188,6 @@ class Transcript:
         return f"{max(0, ms - self.t0_ms) / 1000:6.2f}s"
 
     def message(self, m: Message) -> None:
-        from ._cli_view import safe
-
         self.messages.append(m)
         ms = int(m.created_at.timestamp() * 1000)
         t = Text(self.stamp(ms) + "  ", style="dim")
@@ -212,8 +213,7 @@ class Transcript:
                 Text.assemble(
                     (now + "  ", "dim"),
                     ("REFUSED ", "bold red"),
-                    f"{e['agent']} → {e['to']} [{e['subject']}]: {e['code']} ({e['error']}; "
-                    f"limit {e['limit']:g}, retry after {e['retry_after_s']:.2f} s); "
+                    f"{e['agent']} → {e['to']} [{e['subject']}]: {e['code']} ({e['error']}); "
                     "waiting, then resending",
                 )
             )
@@ -242,8 +242,6 @@ def run_demo(
     server = None
     url = url or BusSettings().url
     if not url:
-        from .embedded import EmbeddedRedis
-
         server = EmbeddedRedis.start(data_dir)
         url = server.url
         where = data_dir or "temporary"
@@ -354,8 +352,6 @@ def ms(value: float) -> str:
 
 
 def _summary(con: Console, ch: Channel, boss: Any, view: Transcript) -> None:
-    from ._cli_view import member_tree
-
     con.rule("Summary")
     con.print(member_tree(ch, ch.tree(), ch.counts()))
     table = Table(title="receipts per message", show_edge=False, pad_edge=False)
@@ -391,8 +387,9 @@ def _summary(con: Console, ch: Channel, boss: Any, view: Transcript) -> None:
         con.print(
             Text.assemble(
                 ("refusal shown: ", "bold"),
-                f"{e['agent']} → {e['to']} [{e['subject']}] {e['code']}, limit {e['limit']:g} "
-                f"per pair, retry_after_s {e['retry_after_s']:.2f}; resent after waiting",
+                f"{e['agent']} → {e['to']} [{e['subject']}] {e['code']}, "
+                f"limit {human_number(e['limit'])} per pair, "
+                f"retry_after_s {human_number(e['retry_after_s'])}; resent after waiting",
             )
         )
     if latencies:
@@ -407,13 +404,13 @@ def _summary(con: Console, ch: Channel, boss: Any, view: Transcript) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m redisbus.demo worker ...``: the entry of the demo's worker processes (the
+    demo itself is ``redisbus demo``, which imports this module, never the reverse)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["worker"]:
         return worker_main(args[1:])
-    from .cli import main as cli_main
-
-    cli_main(["demo", *args])
-    return 0
+    print("run the demo with `redisbus demo` (this module's entry is its worker)", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,28 +1,44 @@
 """``redisbus exporter``: fleet gauges read from Redis, the watchdog and the janitor.
 
 One exporter per Redis deployment. Every ``exporter_interval_s`` a background thread reads
-every channel (:func:`redisbus.fleet.read_fleet`, read-only and bounded) into a snapshot;
-``/metrics`` serves the last snapshot, so a scrape never waits on Redis and many scrapers
-cost nothing extra. ``/healthz`` answers 200 when Redis answers ``PING``, 503 otherwise.
+every channel (:func:`redisbus.fleet.read_fleet`, read-only and bounded) and Redis' ``INFO
+memory`` into a snapshot; ``/metrics`` serves the last snapshot, so a scrape never waits on
+Redis and many scrapers cost nothing extra.
+
+HTTP (one WSGI app, :attr:`Exporter.app`, so it can also be mounted elsewhere):
+
+* ``/metrics``: ``prometheus_client``'s own app: OpenMetrics when the scraper asks for it,
+  gzip when it accepts it.
+* ``/healthz``: liveness, the process only: 200 while the reader thread runs. It never asks
+  Redis, so a Redis outage does not get every exporter restarted.
+* ``/readyz``: readiness: 200 when Redis answers ``PING`` now, 503 with the reason otherwise.
 
 Gauges (names from :data:`redisbus.metrics.FLEET_GAUGES`; fleet totals, no per-channel
 label except the top-N series):
 
-=============================================  ==================================================
-``redisbus_channels``                          channels registered on the bus
-``redisbus_unread_messages``                   undone, not read nor held by a live replica
-``redisbus_oldest_unread_age_seconds``         Redis TIME minus the oldest unread entry id; 0
-``redisbus_pending_messages``                  fetched, not acknowledged (all consumer groups)
-``redisbus_dead_letters``                      entries in the dead-letter streams
-``redisbus_agents{status}``                    agents per status, all seven statuses always
-``redisbus_channel_unread_messages{channel}``   unread of the ``exporter_top_n`` busiest channels
-``redisbus_watchdog_stale_unread_messages``    unread older than ``watchdog_stale_s``
-``redisbus_exporter_scrape_duration_seconds``  time the last read of Redis took
-=============================================  ==================================================
+===============================================  ================================================
+``redisbus_channels``                            channels registered on the bus
+``redisbus_unread_messages``                     undone, not read nor held by a live replica
+``redisbus_oldest_unread_age_seconds``           Redis TIME minus the oldest unread entry id; 0
+``redisbus_pending_messages``                    fetched, not acknowledged (all consumer groups)
+``redisbus_dead_letters``                        entries in the dead-letter streams
+``redisbus_agents{status}``                      agents per status, all seven statuses always
+``redisbus_channel_unread_messages{channel}``     unread of the ``exporter_top_n`` busiest channels
+``redisbus_watchdog_stale_unread_messages``      unread older than ``watchdog_stale_s``
+``redisbus_redis_memory_used_bytes``             ``used_memory`` of ``INFO memory``
+``redisbus_redis_memory_max_bytes``              ``maxmemory``; 0 when Redis has no limit
+``redisbus_redis_maxmemory_policy{policy}``      1 for Redis' eviction policy (want noeviction)
+``redisbus_exporter_redis_up``                   1 when the last read of Redis succeeded, else 0
+``redisbus_exporter_collect_duration_seconds``   time the last read of Redis took
+===============================================  ================================================
 
-When the last read of Redis failed, only the scrape duration is served: no data is better
-than old data presented as current (and ``/healthz`` says why). See :mod:`redisbus.fleet` for
-the exact definitions and the bounds on the work done per read.
+On a Redis Cluster the memory gauges are those of the primary closest to its limit.
+
+When the last read of Redis failed, only ``redisbus_exporter_redis_up`` (0) and the collect
+duration are served: no data is better than old data presented as current, and the
+``RedisbusRedisDown`` alert fires on the 0 (Prometheus' own ``up`` stays 1: the exporter
+answers). See :mod:`redisbus.fleet` for the exact definitions and the bounds on the work done
+per read.
 
 The watchdog (:mod:`redisbus.watchdog`) compares each snapshot with the previous one: when an
 agent of a channel gets unread messages older than ``watchdog_stale_s`` it logs one warning
@@ -32,29 +48,28 @@ object per change; webhook failures are logged, never raised.
 The janitor (``janitor=True``) runs :func:`redisbus.janitor.sweep_all` every
 ``janitor_interval_s``. It writes (trim, dead-letter), so the exporter's Redis user needs the
 agent hosts' permissions for it; under the read-only ``exporter`` ACL user it says so once
-and stops, and ``redisbus janitor`` can run elsewhere instead.
+and stops, and ``redisbus janitor`` runs elsewhere instead (as the deploy files do).
 
-Run it::
+Run it (``redisbus exporter --help`` lists every option and its variable)::
 
-    REDISBUS_URL=redis://redis:6379/0 python -m redisbus.exporter --port 9120
+    REDISBUS_URL=redis://redis:6379/0 redisbus exporter --port 9120
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
 from types import FrameType, TracebackType
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 from pydantic import Field
 from redis.exceptions import RedisError
@@ -67,7 +82,7 @@ from .janitor import sweep_all
 from .metrics import FLEET_GAUGES
 from .watchdog import Watchdog
 
-__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "main", "serve"]
+__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "RedisMemory", "main", "serve"]
 
 log = logging.getLogger("redisbus.exporter")
 
@@ -82,9 +97,45 @@ class ExporterSettings(BusSettings):
     exporter_max_channels: int = Field(default=1000, ge=1, description="channels read per pass")
     watchdog_stale_s: float = Field(default=60.0, gt=0, description="unread older than this")
     watchdog_webhook_url: str | None = Field(default=None, description="POST JSON per change")
-    watchdog_webhook_timeout_s: float = Field(default=5.0, gt=0)
+    watchdog_webhook_timeout_s: float = Field(default=5.0, gt=0, description="webhook POST")
     janitor: bool = Field(default=True, description="run the janitor in the exporter")
-    janitor_interval_s: float = Field(default=30.0, gt=0)
+    janitor_interval_s: float = Field(default=30.0, gt=0, description="between janitor runs")
+
+
+# -- what is read from Redis besides the channels -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class RedisMemory:
+    """``INFO memory``: bytes used, the limit (0: none) and the eviction policy."""
+
+    used_bytes: int
+    max_bytes: int
+    policy: str
+
+    @property
+    def ratio(self) -> float:
+        return self.used_bytes / self.max_bytes if self.max_bytes else 0.0
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> RedisMemory:
+        """From ``INFO memory`` as redis-py parses it; on a Cluster (a dict per node) the
+        node closest to its limit, which is the one that will refuse writes first."""
+        if "used_memory" not in info and all(isinstance(v, dict) for v in info.values()):
+            nodes = [cls.from_info(v) for v in info.values()]
+            if not nodes:
+                raise RedisbusError("INFO memory: no node answered")
+            return max(nodes, key=lambda m: (m.ratio, m.used_bytes))
+        return cls(
+            int(info["used_memory"]),
+            int(info.get("maxmemory", 0)),
+            str(info.get("maxmemory_policy", "unknown")),
+        )
+
+
+def read_memory(r: Any) -> RedisMemory:
+    """``INFO memory`` (allowed to the read-only ACL user, unlike ``CONFIG GET``)."""
+    return RedisMemory.from_info(r.info("memory"))
 
 
 # -- the collector ------------------------------------------------------------------------------
@@ -101,7 +152,11 @@ _HELP = {
     "redisbus_channel_unread_messages": "Unread messages of the channels with the most unread "
     "(the exporter's top N).",
     "redisbus_watchdog_stale_unread_messages": "Unread messages older than the watchdog threshold.",
-    "redisbus_exporter_scrape_duration_seconds": "Time the exporter's last read of Redis took.",
+    "redisbus_redis_memory_used_bytes": "Memory Redis uses (INFO memory used_memory).",
+    "redisbus_redis_memory_max_bytes": "Redis' maxmemory; 0 when it has no limit.",
+    "redisbus_redis_maxmemory_policy": "1 for Redis' eviction policy (redisbus needs noeviction).",
+    "redisbus_exporter_redis_up": "1 when the exporter's last read of Redis succeeded, else 0.",
+    "redisbus_exporter_collect_duration_seconds": "Time the exporter's last read of Redis took.",
 }
 
 
@@ -112,10 +167,14 @@ class FleetCollector(Collector):
         self._exporter = exporter
 
     def collect(self) -> Iterable[Metric]:
-        snap, duration_s = self._exporter.last()
-        if snap is not None:
+        with self._exporter._lock:  # the snapshot and the memory of the same read
+            snap, memory = self._exporter._snap, self._exporter._memory
+            duration_s = self._exporter._duration_s
+        if snap is not None and memory is not None:
             yield from fleet_families(snap, self._exporter.settings.exporter_top_n)
-        yield _gauge("redisbus_exporter_scrape_duration_seconds", duration_s)
+            yield from memory_families(memory)
+        yield _gauge("redisbus_exporter_redis_up", 1 if snap is not None else 0)
+        yield _gauge("redisbus_exporter_collect_duration_seconds", duration_s)
 
     def describe(self) -> Iterable[Metric]:
         # Without describe() the registry would run collect() on registration.
@@ -128,7 +187,7 @@ def _gauge(name: str, value: float) -> GaugeMetricFamily:
 
 
 def fleet_families(snap: FleetSnapshot, top_n: int) -> Iterator[GaugeMetricFamily]:
-    """The gauges of one snapshot (all but the scrape duration)."""
+    """The gauges of one snapshot of the channels."""
     yield _gauge("redisbus_channels", snap.channels_total)
     yield _gauge("redisbus_unread_messages", snap.unread)
     yield _gauge("redisbus_oldest_unread_age_seconds", snap.oldest_unread_age_s)
@@ -146,7 +205,19 @@ def fleet_families(snap: FleetSnapshot, top_n: int) -> Iterator[GaugeMetricFamil
     yield _gauge("redisbus_watchdog_stale_unread_messages", snap.stale)
 
 
+def memory_families(memory: RedisMemory) -> Iterator[GaugeMetricFamily]:
+    """Redis' memory and eviction policy."""
+    yield _gauge("redisbus_redis_memory_used_bytes", memory.used_bytes)
+    yield _gauge("redisbus_redis_memory_max_bytes", memory.max_bytes)
+    name = "redisbus_redis_maxmemory_policy"
+    policy = GaugeMetricFamily(name, _HELP[name], labels=["policy"])
+    policy.add_metric([memory.policy], 1)
+    yield policy
+
+
 # -- the exporter -------------------------------------------------------------------------------
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
 class Exporter:
@@ -170,40 +241,53 @@ class Exporter:
             settings.watchdog_webhook_url,
             settings.watchdog_webhook_timeout_s,
         )
+        self.app: WSGIApp = _wsgi_app(self)
         self._lock = threading.Lock()
         self._snap: FleetSnapshot | None = None
+        self._memory: RedisMemory | None = None
         self._duration_s = 0.0
         self._error: str | None = "not read yet"
         self._capped_at: int | None = None
+        self._policy_warned: str | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._http: ThreadingHTTPServer | None = None
+        self._reader: threading.Thread | None = None
+        self._http: WSGIServer | None = None
 
     # -- reading Redis ----------------------------------------------------------------------
     def refresh(self) -> FleetSnapshot | None:
-        """Read every channel now, then run the watchdog on the result. None on failure."""
+        """Read every channel and ``INFO memory`` now, then run the watchdog on the result.
+        None when the read failed (``redisbus_exporter_redis_up`` then says 0)."""
         s = self.settings
         t0 = time.perf_counter()
+        snap: FleetSnapshot | None = None
+        memory: RedisMemory | None = None
+        error: str | None = None
         try:
-            snap: FleetSnapshot | None = read_fleet(
+            snap = read_fleet(
                 self.bus.redis,
                 s.prefix,
                 stale_s=s.watchdog_stale_s,
                 max_channels=s.exporter_max_channels,
             )
-            error = None
+            memory = read_memory(self.bus.redis)
         except (RedisError, RedisbusError, OSError) as e:
-            snap, error = None, f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
         except Exception as e:  # a reply we did not expect must not stop the read loop
             log.exception("exporter: reading Redis failed")
-            snap, error = None, f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
+        if error is not None:
+            snap = memory = None
         duration = time.perf_counter() - t0
         with self._lock:
             if error and error != self._error:
                 log.warning("exporter: cannot read Redis: %s", error)
-            self._snap, self._duration_s, self._error = snap, duration, error
-        if snap is not None:
+            elif error is None and self._error is not None and self._error != "not read yet":
+                log.info("exporter: reading Redis again")
+            self._snap, self._memory, self._duration_s, self._error = snap, memory, duration, error
+        if snap is not None and memory is not None:
             self._note_cap(snap)
+            self._note_policy(memory)
             self.watchdog.check(snap)
         return snap
 
@@ -217,16 +301,37 @@ class Exporter:
             )  # fmt: skip
         self._capped_at = capped_at
 
+    def _note_policy(self, memory: RedisMemory) -> None:
+        if memory.policy != "noeviction" and memory.policy != self._policy_warned:
+            log.warning(
+                "exporter: Redis maxmemory-policy is %r: under memory pressure Redis may EVICT "
+                "channel streams and lose messages. Set maxmemory-policy noeviction.",
+                memory.policy,
+            )
+        self._policy_warned = memory.policy
+
     def last(self) -> tuple[FleetSnapshot | None, float]:
         """The last snapshot (None when the last read failed) and how long that read took."""
         with self._lock:
             return self._snap, self._duration_s
 
-    def healthy(self) -> tuple[bool, str]:
-        """(True, "ok") when Redis answers PING now, else (False, why)."""
+    def last_memory(self) -> RedisMemory | None:
+        """Redis' memory as of the last read (None when it failed)."""
+        with self._lock:
+            return self._memory
+
+    def live(self) -> tuple[bool, str]:
+        """Liveness, the process only: (True, "ok") while the reader thread runs. Never asks
+        Redis: an exporter restarted during a Redis outage would see the same outage."""
+        if self._reader is not None and not self._reader.is_alive() and not self._stop.is_set():
+            return False, "the reader thread has stopped"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: (True, "ok") when Redis answers PING now, else (False, why)."""
         try:
             ok = bool(self.bus.redis.ping())
-        except (RedisError, OSError) as e:
+        except (RedisError, RedisbusError, OSError) as e:
             return False, f"redis: {type(e).__name__}: {e}"
         return ok, "ok" if ok else "redis: no PONG"
 
@@ -270,13 +375,14 @@ class Exporter:
         """The port the HTTP server listens on (after ``start()``)."""
         if self._http is None:
             raise RuntimeError("the exporter is not started")
-        return int(self._http.server_address[1])
+        return int(self._http.server_port)
 
     def start(self) -> Exporter:
         self.refresh()
         s = self.settings
-        self._http = ThreadingHTTPServer((s.exporter_addr, s.exporter_port), _handler(self))
-        self._http.daemon_threads = True
+        self._http = make_server(
+            s.exporter_addr, s.exporter_port, self.app, _ThreadingWSGIServer, _QuietHandler
+        )
         loops = [("redisbus-exporter-read", self._read_loop)]
         if s.janitor:
             loops.append(("redisbus-janitor", self._janitor_loop))
@@ -285,7 +391,10 @@ class Exporter:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        log.info("exporter: serving /metrics and /healthz on %s:%d", s.exporter_addr, self.port)
+        self._reader = self._threads[0]
+        log.info(
+            "exporter: serving /metrics, /healthz and /readyz on %s:%d", s.exporter_addr, self.port
+        )
         return self
 
     def stop(self) -> None:
@@ -314,29 +423,45 @@ def _denied(error: str) -> bool:
     return any(w in text for w in ("noperm", "no permissions", "can't run this command"))
 
 
-def _handler(exporter: Exporter) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                self._reply(200, generate_latest(exporter.registry), CONTENT_TYPE_LATEST)
-            elif path == "/healthz":
-                ok, why = exporter.healthy()
-                self._reply(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
-            else:
-                self._reply(404, b"not found: try /metrics or /healthz\n", "text/plain")
+# -- HTTP -----------------------------------------------------------------------------------------
 
-        def _reply(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:
-            log.debug("http: " + format, *args)
+def _wsgi_app(exporter: Exporter) -> WSGIApp:
+    """``/metrics`` from prometheus_client's app, ``/healthz`` and ``/readyz`` beside it."""
+    metrics = make_wsgi_app(exporter.registry)
+    checks = {"/healthz": exporter.live, "/readyz": exporter.ready}
 
-    return Handler
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            body: Iterable[bytes] = metrics(environ, start_response)
+            return body
+        check = checks.get(path)
+        if check is None:
+            status, text = "404 Not Found", "not found: try /metrics, /healthz or /readyz"
+        else:
+            ok, why = check()
+            status = "200 OK" if ok else "503 Service Unavailable"
+            text = why
+        data = f"{text}\n".encode()
+        start_response(
+            status,
+            [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(data)))],
+        )
+        return [data]
+
+    return app
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow scraper never holds up a probe."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
 
 
 # -- entry points -------------------------------------------------------------------------------
@@ -356,70 +481,13 @@ def serve(settings: ExporterSettings | None = None, stop: threading.Event | None
         stop.wait()
 
 
-# (option, ExporterSettings field, type, help); each option defaults to its REDISBUS_ variable
-_OPTIONS: tuple[tuple[str, str, type, str], ...] = (
-    ("--url", "url", str, "the fleet's Redis URL"),
-    ("--port", "exporter_port", int, "port of /metrics and /healthz; 0 picks a free one"),
-    ("--addr", "exporter_addr", str, "address to listen on"),
-    ("--top-n", "exporter_top_n", int, "channels given their own unread series"),
-    ("--interval-s", "exporter_interval_s", float, "seconds between reads of Redis"),
-    ("--max-channels", "exporter_max_channels", int, "channels read per pass (by name)"),
-    ("--stale-s", "watchdog_stale_s", float, "watchdog: unread older than this is stale"),
-    ("--webhook-url", "watchdog_webhook_url", str, "watchdog: POST a JSON event per change"),
-    ("--janitor", "janitor", bool, "run the janitor (reclaim, dead-letter, trim)"),
-    ("--janitor-interval-s", "janitor_interval_s", float, "seconds between janitor passes"),
-)
+def main(argv: list[str] | None = None) -> int:
+    """``python -m redisbus.exporter [options]``: the same as ``redisbus exporter [options]``
+    (one parser, one help, the CLI's exit statuses)."""
+    from ._cli_daemons import run_command
 
-
-def _parser(d: ExporterSettings) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="redisbus exporter",
-        description="Fleet gauges read from Redis on /metrics, /healthz, the watchdog and the "
-        "janitor. Every option defaults to its REDISBUS_* environment variable.",
-    )
-    for flag, name, kind, text in _OPTIONS:
-        default = getattr(d, name)
-        # URLs may carry credentials: never echo them in --help
-        now = "" if kind is str and name != "exporter_addr" else f"; now {default}"
-        text = f"{text} (REDISBUS_{name.upper()}{now})"
-        if kind is bool:
-            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default,
-                           help=text)  # fmt: skip
-        else:
-            metavar = flag.rsplit("-", 1)[-1].upper()
-            p.add_argument(flag, dest=name, type=kind, default=default, help=text, metavar=metavar)
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return p
-
-
-def parse_args(argv: Sequence[str] | None = None) -> tuple[ExporterSettings, str]:
-    """(settings, log level): the environment's ExporterSettings, overridden by options."""
-    env = ExporterSettings()
-    a = _parser(env).parse_args(argv)
-    settings = ExporterSettings(**{name: getattr(a, name) for _, name, _, _ in _OPTIONS})
-    return settings, str(a.log_level)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``redisbus exporter [options]`` / ``python -m redisbus.exporter [options]``."""
-    try:
-        settings, level = parse_args(argv)
-    except ValueError as e:  # a malformed REDISBUS_* variable or option value
-        print(f"redisbus exporter: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    if not settings.url:
-        print(
-            "redisbus exporter: set REDISBUS_URL (or --url) to the fleet's Redis", file=sys.stderr
-        )
-        return 3
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        serve(settings)
-    except OSError as e:  # the port is taken, the address is wrong
-        print(f"redisbus exporter: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command("exporter", argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -2,22 +2,20 @@
 
 One pass over every channel of the bus (``sweep.lua`` per channel: atomic, so several janitors
 on several hosts can run at once). It runs inside ``redisbus exporter`` or on its own with
-``redisbus janitor``. Live replicas reclaim expired leases themselves (they must handle the
-messages); the janitor only dead-letters messages past ``max_deliveries`` whose agent has no
-live replica to do it, trims, and removes idle consumers that have nothing pending.
+``redisbus janitor`` (as the agent hosts' Redis user: it writes). Live replicas reclaim
+expired leases themselves (they must handle the messages); the janitor only dead-letters
+messages past ``max_deliveries`` whose agent has no live replica to do it, trims, and removes
+idle consumers that have nothing pending.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import signal
 import threading
 from dataclasses import dataclass, field
 
 from ._core import SweepReport
-from ._errors import BusConnectionError, RedisbusError
-from ._settings import BusSettings
+from ._errors import RedisbusError
 from .bus import Bus
 
 log = logging.getLogger("redisbus.janitor")
@@ -64,55 +62,36 @@ def sweep_all(bus: Bus, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
     return report
 
 
-def run(bus: Bus, interval_s: float = 10.0, stop: threading.Event | None = None) -> None:
-    """Sweep every ``interval_s`` until ``stop`` is set."""
+def run(
+    bus: Bus, interval_s: float = 10.0, stop: threading.Event | None = None, *, batch: int = 1000
+) -> None:
+    """Sweep every ``interval_s`` until ``stop`` is set. A failed pass (Redis restarting,
+    unreachable) is logged and the next one tried: a daemon outlives a Redis outage."""
     stop = stop or threading.Event()
+    failing = False
     while not stop.is_set():
-        r = sweep_all(bus)
-        log.info(
-            "janitor: %d channels, %d trimmed, %d dead-lettered, %d consumers removed",
-            r.channels,
-            r.trimmed,
-            r.dead_lettered,
-            r.consumers_removed,
-        )
+        try:
+            r = sweep_all(bus, batch=batch)
+        except RedisbusError as e:
+            if not failing:
+                log.warning("janitor: pass failed, retrying every %g s: %s", interval_s, e)
+            failing = True
+        else:
+            if failing:
+                log.info("janitor: passes succeed again")
+            failing = False
+            log.info(
+                "janitor: %d channels, %d trimmed, %d dead-lettered, %d consumers removed",
+                r.channels, r.trimmed, r.dead_lettered, r.consumers_removed,
+            )  # fmt: skip
         stop.wait(interval_s)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``redisbus janitor`` / ``python -m redisbus.janitor``: sweep every channel, repeatedly."""
-    p = argparse.ArgumentParser(prog="redisbus janitor", description=__doc__)
-    p.add_argument("--url", help="Redis URL (env REDISBUS_URL)")
-    p.add_argument("--interval-s", type=float, default=30.0, help="seconds between passes")
-    p.add_argument("--batch", type=int, default=1000, help="entries trimmed per script call")
-    p.add_argument("--once", action="store_true", help="one pass, print its report, exit")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = BusSettings()
-    url = args.url or settings.url
-    if not url:
-        print("redisbus janitor: set REDISBUS_URL (or --url): it sweeps a shared Redis")
-        return 3
-    if args.interval_s <= 0 or args.batch <= 0:
-        print("redisbus janitor: --interval-s and --batch must be positive")
-        return 2
-    try:
-        bus = Bus.from_url(url, settings=settings)
-        if args.once:
-            r = sweep_all(bus, batch=args.batch)
-            print(
-                f"{r.channels} channels: {r.trimmed} trimmed, {r.dead_lettered} dead-lettered, "
-                f"{r.consumers_removed} consumers removed, {r.expired_undone} expired undone"
-            )
-            return 1 if r.errors else 0
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-        run(bus, args.interval_s, stop)
-        return 0
-    except BusConnectionError as e:
-        print(f"redisbus janitor: {e}")
-        return 3
+    """``python -m redisbus.janitor [options]``: the same as ``redisbus janitor [options]``."""
+    from ._cli_daemons import run_command
+
+    return run_command("janitor", argv)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,11 @@ FLEET_GAUGES: Final[dict[str, tuple[str, ...]]] = {
     "redisbus_agents": ("status",),
     "redisbus_channel_unread_messages": ("channel",),  # the exporter's top N channels only
     "redisbus_watchdog_stale_unread_messages": (),
-    "redisbus_exporter_scrape_duration_seconds": (),
+    "redisbus_redis_memory_used_bytes": (),
+    "redisbus_redis_memory_max_bytes": (),
+    "redisbus_redis_maxmemory_policy": ("policy",),  # 1 for the policy Redis runs with
+    "redisbus_exporter_redis_up": (),  # 0 when the exporter's last read of Redis failed
+    "redisbus_exporter_collect_duration_seconds": (),
 }
 
 _OTHER: Final = "other"

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import fakeredis
+try:
+    import fakeredis
+    import lupa  # noqa: F401 - fakeredis runs the bus's Lua scripts with it
+except ModuleNotFoundError as e:  # an extra, so that a plain install does not pull in Lua
+    raise ImportError(
+        "redisbus.testing needs fakeredis with its Lua runtime: pip install 'redisbus[testing]'"
+    ) from e
 
 from ._settings import BusSettings
 from .aio import AsyncBus

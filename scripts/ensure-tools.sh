@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Install the Debian packages the test suite needs, when their commands are missing.
 #
-#   scripts/ensure-tools.sh [PACKAGE...]   default: redis-server prometheus docker-compose
+#   scripts/ensure-tools.sh [PACKAGE...]
+#       default: redis-server prometheus docker-compose chromium chromium-driver
 #
 # Idempotent and non-interactive. No service is started: the packages' maintainer scripts
 # would launch a system Redis on :6379 or Prometheus on :9090, but the tests start their own
 # servers on free loopback ports, so installs run under a policy-rc.d that forbids it.
 # docker-compose (v1) is always ensured: tests/test_deploy_assets.py validates
 # deploy/docker-compose.yml against the Compose schema with it (no daemon needed).
+# chromium (headless) drives the console's browser tests (tests/test_console*.py).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 packages=("$@")
-[ ${#packages[@]} -gt 0 ] || packages=(redis-server prometheus docker-compose)
+[ ${#packages[@]} -gt 0 ] || packages=(redis-server prometheus docker-compose chromium chromium-driver)
 case " ${packages[*]} " in *" docker-compose "*) ;; *) packages+=(docker-compose) ;; esac
 
 # the command that shows a package is installed
@@ -20,6 +22,7 @@ present() {
     case "$1" in
         prometheus) command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 ;;
         docker-compose) command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 ;;
+        chromium-driver) command -v chromedriver >/dev/null 2>&1 ;;
         *) command -v "$1" >/dev/null 2>&1 ;;
     esac
 }

@@ -4,7 +4,10 @@
 installs it) on a free loopback port with a 1 s scrape interval and its storage under the
 test's ``tmp_path``. ``query`` and ``wait_for_data`` use the HTTP API with urllib only.
 ``dashboard_queries`` and ``alert_queries`` read every expression out of the committed
-dashboard and rules, ready to evaluate.
+dashboard and rules, ready to evaluate; ``quick_rules`` writes the committed rules with their
+``for`` durations shortened (expressions, labels and annotations untouched), so that a live
+test sees an alert fire in seconds; ``alerts`` and ``rule_states`` read what Prometheus made
+of them.
 
 A missing tool skips a test on a developer's machine and fails it in CI (``CI`` set).
 """
@@ -229,3 +232,43 @@ def alert_queries(path: Path = ALERTS) -> list[tuple[str, str]]:
         for rule in group["rules"]
         if "alert" in rule
     ]
+
+
+def quick_rules(tmp_path: Path, for_: str = "1s", path: Path = ALERTS) -> Path:
+    """The committed alert rules with every ``for`` set to ``for_``, written under
+    ``tmp_path``. Only the waiting time changes: ``promtool test rules`` covers the real
+    durations, a live Prometheus the expressions, labels and annotations."""
+    yaml = require_module("yaml")
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                rule["for"] = for_
+    out = tmp_path / "quick-alerts.yml"
+    out.write_text(json.dumps(doc, indent=2), encoding="utf-8")  # JSON is YAML
+    return out
+
+
+def alerts(url: str) -> list[dict[str, Any]]:
+    """Active alerts (pending and firing), each with ``labels``, ``annotations``, ``state``."""
+    with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=10) as r:
+        result: list[dict[str, Any]] = json.load(r)["data"]["alerts"]
+    return result
+
+
+def rule_states(url: str) -> dict[str, tuple[str, str]]:
+    """``{alert name: (health, state)}`` of every alerting rule loaded."""
+    with urllib.request.urlopen(f"{url}/api/v1/rules?type=alert", timeout=10) as r:
+        groups = json.load(r)["data"]["groups"]
+    return {rule["name"]: (rule["health"], rule["state"]) for g in groups for rule in g["rules"]}
+
+
+def wait_until(what: str, pred: Callable[[], bool], timeout_s: float = 30.0) -> float:
+    """Poll ``pred`` every 0.2 s; fail the test with ``what`` at the timeout. Returns the
+    seconds it took."""
+    start = time.monotonic()
+    while not pred():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"{what}: not after {timeout_s} s")
+        time.sleep(0.2)
+    return time.monotonic() - start

@@ -18,6 +18,8 @@ def ensure_tools() -> None:
         "prometheus": "prometheus",
         "promtool": "prometheus",
         "docker-compose": "docker-compose",
+        "chromium": "chromium",  # the console's browser tests
+        "chromedriver": "chromium-driver",
     }
     absent = sorted({pkg for tool, pkg in wanted.items() if shutil.which(tool) is None})
     if not absent or not os.environ.get("CI"):

@@ -408,7 +408,7 @@ def test_dlq_lists_and_replays_a_dead_letter(cli: Run, redis_url: str) -> None:
         (["wait", CH, "--as", "designer", "--timeout", "0.1"], None, 1, "timeout"),
         (["receipt", CH, "not-an-id", "--as", "writer"], None, 2, "message id"),
         (["read", "no-such-channel", "--as", "designer"], None, 1, "no such channel"),
-        (["receipt", CH, "1-0", "--as", "stranger"], None, 1, "not a member"),
+        (["receipt", CH, "1-0", "--as", "stranger"], None, 1, "no such member"),
         (["send", CH, "designer", "hi", "--as", "writer", "--type", "shout"], None, 2, "type"),
         (["send", CH, "designer", "--as", "writer"], None, 2, "Missing argument"),
         (["read", CH, "--as", "designer", "--bogus"], None, 2, "No such option"),
@@ -548,11 +548,11 @@ def test_plugin_commands_are_listed(cli: Run) -> None:
         assert f" {name} " in p.stdout, name
 
 
-@pytest.mark.parametrize(("command", "option"), [("mcp", "--channel"), ("exporter", "--port")])
+@pytest.mark.parametrize(("command", "option"), [("mcp", "--channel")])
 def test_module_commands_get_their_arguments(cli: Run, command: str, option: str) -> None:
     p = ok(cli(command, "--help"))  # --help belongs to the module, not to the wrapper
 
-    assert "usage:" in p.stdout and option in p.stdout
+    assert "usage:" in p.stdout.lower() and option in p.stdout
 
 
 # -- running a server -------------------------------------------------------------------------

@@ -53,8 +53,8 @@ RELIABILITY = [
     "test_idle_consumers_are_removed_only_when_nothing_is_pending",
 ]
 # Not test_script_flush_and_client_kill_lose_and_double_nothing: it kills one node's clients
-# every 30 ms, and on a Cluster a wait() can exhaust its retries there; when it fails, its
-# chaos thread is never stopped and breaks every later test. The Cluster version is below.
+# every 30 ms, and on a Cluster a wait() can exhaust its retries there. The Cluster version,
+# which kills on every node a few times, is below.
 globals().update({n: getattr(test_reliability, n) for n in RELIABILITY})
 
 # And the agent-family tests (routing, cancellation cascades, outcomes, budgets, serve).

@@ -51,8 +51,8 @@ def test_demo_with_no_redis_configured_runs_the_whole_production() -> None:
         assert positions == sorted(positions), chain
     # one refusal, shown as a typed refusal with its retry time, then the panel resent
     assert re.search(
-        r"REFUSED storyboard → director \[panel 4\]: rate_limited .*retry after "
-        r"0\.\d\d s",
+        r"REFUSED storyboard → director \[panel 4\]: rate_limited .*limit 3, .*retry after "
+        r"0\.\d+ s\)",
         out,
     )
     # the summary: every receipt done, and the latency percentiles

@@ -1,6 +1,7 @@
 """The dashboard, alert rules, Prometheus config, compose stack and Kubernetes manifests are
 code: each is checked with the tool that would run it (promtool, the Compose schema, the
-Kubernetes API schemas) and against the metric names the bus really exports.
+Kubernetes API schemas, the Prometheus operator's CRD schemas) and against the metric names
+the bus really exports.
 
 Redis' ACL is tested on real servers in test_redis_acl.py, and every query against a real
 Prometheus in test_prometheus_live.py. A missing tool skips a test on a developer's machine
@@ -15,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,15 +84,63 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
         for check in case["alert_rule_test"]:
             (firing if check["exp_alerts"] else quiet).add(check["alertname"])
     alerts = {name for name, _ in alert_queries()}
-    assert alerts == {
-        "RedisbusStaleUnread",
-        "RedisbusDeadLettersGrowing",
-        "RedisbusRefusalRateHigh",
-        "RedisbusDeliveryLatencyP99High",
-        "RedisbusExporterDown",
-    }
+    assert alerts == ALERT_NAMES
     assert firing == alerts
     assert quiet == alerts
+
+
+ALERT_NAMES = {
+    "RedisbusStaleUnread",
+    "RedisbusDeadLettersGrowing",
+    "RedisbusRefusalRateHigh",
+    "RedisbusDeliveryLatencyP99High",
+    "RedisbusExporterDown",
+    "RedisbusRedisDown",
+    "RedisbusRedisMemoryNearLimit",
+    "RedisbusEvictionPolicyUnsafe",
+    "RedisbusAgentHostDown",
+}
+RUNBOOK = ROOT / "docs" / "runbook.md"
+RUNBOOK_URL = "https://redisbus.readthedocs.io/en/latest/runbook/"
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    (doc,) = yaml_docs(PROM_DIR / "alerts.yml")
+    return [r for g in doc["groups"] for r in g["rules"] if "alert" in r]
+
+
+def markdown_anchors(path: Path) -> set[str]:
+    """The anchors MkDocs gives the headings of a page (Python-Markdown's toc slugify)."""
+    anchors = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().lower()
+            slug = re.sub(r"[^\w\s-]", "", text)
+            anchors.add(re.sub(r"[-\s]+", "-", slug).strip("-"))
+    return anchors
+
+
+def test_every_alert_links_its_own_section_of_the_runbook() -> None:
+    anchors = markdown_anchors(RUNBOOK)
+    for rule in alert_rules():
+        url = rule["annotations"]["runbook_url"]
+        page, _, anchor = url.partition("#")
+        assert page == RUNBOOK_URL, (rule["alert"], url)
+        assert anchor == rule["alert"].lower() and anchor in anchors, (rule["alert"], url)
+        assert rule["labels"]["severity"] in ("warning", "critical"), rule["alert"]
+        assert rule["annotations"]["summary"].startswith("redisbus: "), rule["alert"]
+        assert len(rule["annotations"]["description"]) > 80, rule["alert"]
+    # and the runbook has a section for no alert that does not exist
+    assert {a for a in anchors if a.startswith("redisbus")} == {n.lower() for n in ALERT_NAMES}
+
+
+def test_redis_down_alerts_on_the_exporters_own_gauge_not_on_up() -> None:
+    rules = {r["alert"]: r for r in alert_rules()}
+    # the exporter answers while Redis does not: its `up` stays 1, so the alert needs its gauge
+    assert rules["RedisbusRedisDown"]["expr"].strip() == "redisbus_exporter_redis_up == 0"
+    assert rules["RedisbusAgentHostDown"]["expr"].strip() == 'up{job="redisbus-agents"} == 0'
+    memory = rules["RedisbusRedisMemoryNearLimit"]["expr"]
+    assert "redisbus_redis_memory_used_bytes" in memory and "> 0)" in memory
 
 
 def test_alert_rules_read_only_metrics_the_bus_exports() -> None:
@@ -310,6 +360,18 @@ def test_compose_runs_redis_exporter_two_agent_hosts_prometheus_and_grafana() ->
     assert "../grafana/provisioning:/etc/grafana/provisioning:ro" in services["grafana"]["volumes"]
 
 
+def test_every_compose_service_has_a_healthcheck() -> None:
+    (doc,) = yaml_docs(DEPLOY / "docker-compose.yml")
+    for name, svc in doc["services"].items():
+        check = svc.get("healthcheck")
+        assert check and check["test"][0] in ("CMD", "CMD-SHELL"), name
+        assert {"interval", "timeout", "retries"} <= set(check), name
+    services = doc["services"]
+    # the exporter's check is its liveness endpoint, not Redis: Redis has its own check
+    assert any("/healthz" in part for part in services["exporter"]["healthcheck"]["test"])
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+
+
 def test_compose_takes_passwords_from_the_environment_only() -> None:
     text = (DEPLOY / "docker-compose.yml").read_text(encoding="utf-8")
     for m in re.finditer(r"(PASSWORD\w*):\s*(\S+)", text):
@@ -382,6 +444,7 @@ def test_kubernetes_manifests_validate_against_the_api_schemas() -> None:
     kv = require_module("kubernetes_validate")
     docs = k8s_documents()
     assert {d["kind"] for _, d in docs} >= {
+        "Namespace",
         "StatefulSet",
         "Service",
         "Deployment",
@@ -392,6 +455,144 @@ def test_kubernetes_manifests_validate_against_the_api_schemas() -> None:
             kv.validate(doc, "1.30.0", strict=True)
         except kv.ValidationError as e:
             pytest.fail(f"{name} {doc['kind']}/{doc['metadata']['name']}: {e}")
+
+
+def pod_specs() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{doc['kind']}/{doc['metadata']['name']}", doc["spec"]["template"]["spec"])
+        for _, doc in k8s_documents()
+        if doc["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    ]
+
+
+def test_every_pod_meets_pod_security_restricted() -> None:
+    (namespace,) = [d for _, d in k8s_documents() if d["kind"] == "Namespace"]
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    specs = pod_specs()
+    assert {name for name, _ in specs} == {
+        "StatefulSet/redis",
+        "Deployment/redisbus-exporter",
+        "Deployment/redisbus-janitor",
+    }
+    for name, spec in specs:
+        pod = spec.get("securityContext", {})
+        assert pod.get("runAsNonRoot") is True, name
+        assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, name
+        for c in spec["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False, (name, c["name"])
+            assert sc["capabilities"]["drop"] == ["ALL"], (name, c["name"])
+            assert sc.get("seccompProfile", pod["seccompProfile"]) == {"type": "RuntimeDefault"}
+            assert not sc.get("privileged", False), (name, c["name"])
+
+
+def test_exporter_probes_are_split_and_its_service_keeps_it_scraped_when_not_ready() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in k8s_documents()}
+    deployment = docs[("Deployment", "redisbus-exporter")]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # liveness is the process, readiness follows Redis: an outage restarts nothing
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["REDISBUS_USERNAME"] == "exporter" and env["REDISBUS_JANITOR"] == "false"
+    assert docs[("Service", "redisbus-exporter")]["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_janitor_runs_under_the_agent_user() -> None:
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in k8s_documents()}
+    deployment = docs[("Deployment", "redisbus-janitor")]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["janitor"]
+    assert container["envFrom"] == [{"configMapRef": {"name": "redisbus-config"}}]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["REDISBUS_USERNAME"]["value"] == "agent"
+    secret = env["REDISBUS_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert secret == {"name": "redisbus-agent-credentials", "key": "REDISBUS_PASSWORD"}
+    assert float(env["REDISBUS_JANITOR_INTERVAL_S"]["value"]) > 0
+
+
+# --- the Prometheus operator: ServiceMonitor and PrometheusRule ----------------------------------
+
+OPERATOR = K8S / "prometheus-operator"
+
+
+def crd_validator(kind: str) -> Any:
+    jsonschema = require_module("jsonschema")
+    schema = json.loads((OPERATOR / "schemas" / f"{kind.lower()}.v1.json").read_text("utf-8"))
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def operator_documents() -> dict[str, dict[str, Any]]:
+    return {
+        doc["kind"]: doc
+        for path in sorted(OPERATOR.glob("*.yaml"))
+        for doc in yaml_docs(path)
+        if doc.get("kind") != "Kustomization"
+    }
+
+
+def test_servicemonitor_and_prometheusrule_validate_against_their_crd_schemas() -> None:
+    docs = operator_documents()
+    assert set(docs) == {"ServiceMonitor", "PrometheusRule"}
+    for kind, doc in docs.items():
+        errors = [e.message for e in crd_validator(kind).iter_errors(doc)]
+        assert errors == [], (kind, errors)
+    (kust,) = yaml_docs(OPERATOR / "kustomization.yaml")
+    assert sorted(kust["resources"]) == ["prometheusrule.yaml", "servicemonitor.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "value"),
+    [
+        ("ServiceMonitor", ("spec", "endpoints", 0, "interval"), "15 seconds"),
+        ("ServiceMonitor", ("spec", "endpoints", 0, "prot"), "metrics"),
+        ("ServiceMonitor", ("spec", "endpoints", 0, "scheme"), "ftp"),
+        ("ServiceMonitor", ("spec", "selector", "matchLabel"), {"a": "b"}),
+        ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "for"), "2 minutes"),
+        ("PrometheusRule", ("spec", "groups", 0, "rules", 0, "labels"), {"severity": 1}),
+        ("PrometheusRule", ("spec", "groups", 0, "rule"), []),
+    ],
+)
+def test_the_crd_schemas_refuse_what_the_operator_would(
+    kind: str, path: tuple[str | int, ...], value: Any
+) -> None:
+    # given a valid manifest with one field made wrong (a typo, a bad duration, a bad type)
+    doc = json.loads(json.dumps(operator_documents()[kind]))
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    # then validation refuses it
+    assert list(crd_validator(kind).iter_errors(doc)), (kind, path)
+
+
+def test_prometheusrule_carries_exactly_the_unit_tested_rules() -> None:
+    result = subprocess.run(
+        [sys.executable, str(PROM_DIR / "render_prometheusrule.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    (alerts,) = yaml_docs(PROM_DIR / "alerts.yml")
+    assert operator_documents()["PrometheusRule"]["spec"]["groups"] == alerts["groups"]
+
+
+def test_servicemonitor_scrapes_the_exporter_service_as_job_redisbus_exporter() -> None:
+    monitor = operator_documents()["ServiceMonitor"]
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in k8s_documents()}
+    service = docs[("Service", "redisbus-exporter")]
+    labels = service["metadata"]["labels"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    (relabel,) = endpoint["relabelings"]
+    assert (relabel["targetLabel"], relabel["replacement"]) == ("job", "redisbus-exporter")
 
 
 def test_kustomization_lists_every_manifest() -> None:
@@ -435,6 +636,7 @@ def test_committed_deploy_files_hold_no_machine_paths() -> None:
 # ExporterSettings) and deploy/agent_host.py's.
 NON_BUS_SETTINGS = {
     "REDISBUS_JANITOR",
+    "REDISBUS_JANITOR_INTERVAL_S",
     "REDISBUS_EXPORTER_PORT",
     "REDISBUS_EXPORTER_TOP_N",
     "REDISBUS_WATCHDOG_STALE_S",

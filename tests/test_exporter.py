@@ -1,8 +1,12 @@
-"""`redisbus exporter` on a real Redis: exact fleet gauges, /healthz, the watchdog (log line
-and webhook), the top-N and channel caps, the janitor thread, and the command line."""
+"""`redisbus exporter` on a real Redis: exact fleet gauges, Redis' memory and whether the last
+read of Redis succeeded, /healthz (liveness) and /readyz (readiness), OpenMetrics and gzip on
+/metrics, the watchdog (log line and webhook), the top-N and channel caps, the janitor thread,
+and the `exporter` and `janitor` commands on the CLI's parser."""
 
 from __future__ import annotations
 
+import asyncio
+import gzip
 import json
 import logging
 import os
@@ -23,13 +27,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redisbus import Bus, BusSettings
+from redisbus import AsyncBus, Bus, BusSettings
 from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings, main
 from redisbus.janitor import sweep_all
 from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
-from tests.deploy_support import DEPLOY, K8S, yaml_docs
+from tests.deploy_support import DEPLOY, K8S, run_redis, yaml_docs
 from tests.prometheus_fixture import free_port
 from tests.servers import start_server, wait_for
 
@@ -57,12 +61,20 @@ def gauge(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
-def healthz(port: int) -> tuple[int, str]:
+def get(port: int, path: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def healthz(port: int) -> tuple[int, str]:
+    return get(port, "/healthz")
+
+
+def readyz(port: int) -> tuple[int, str]:
+    return get(port, "/readyz")
 
 
 @pytest.fixture
@@ -183,7 +195,7 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
         assert gauge(samples, "redisbus_agents", status=status) == statuses[status], status
     # every fleet gauge is there, and nothing else but the scrape duration's value
     assert {name for name, _ in samples} == set(FLEET_GAUGES)
-    assert 0 < gauge(samples, "redisbus_exporter_scrape_duration_seconds") < 5
+    assert 0 < gauge(samples, "redisbus_exporter_collect_duration_seconds") < 5
 
 
 def test_unread_falls_to_zero_once_messages_are_read_and_done(
@@ -366,7 +378,7 @@ def test_a_failing_webhook_is_logged_and_the_exporter_keeps_serving(
     assert healthz(e.port)[0] == 200
 
 
-def test_healthz_follows_redis_and_gauges_go_away_when_it_is_down(
+def test_redis_up_and_readyz_follow_redis_while_healthz_stays_up(
     tmp_path: Path, exporter: Callable[..., Exporter]
 ) -> None:
     # given an exporter on a Redis of its own
@@ -374,16 +386,145 @@ def test_healthz_follows_redis_and_gauges_go_away_when_it_is_down(
     try:
         e = exporter(url=server.url)
         assert healthz(e.port) == (200, "ok\n")
-        assert gauge(scrape(e.port), "redisbus_channels") == 0
+        assert readyz(e.port) == (200, "ok\n")
+        samples = scrape(e.port)
+        assert gauge(samples, "redisbus_exporter_redis_up") == 1
+        assert gauge(samples, "redisbus_channels") == 0
         # when that Redis stops
         server.stop()
-        status, text = healthz(e.port)
-        # then /healthz says 503 with the reason, and no stale numbers are served
-        assert status == 503 and text.startswith("redis:")
         assert e.refresh() is None
-        assert {name for name, _ in scrape(e.port)} == {"redisbus_exporter_scrape_duration_seconds"}
+        # then Redis is reported down, and no stale numbers are served
+        samples = scrape(e.port)
+        assert {name for name, _ in samples} == {
+            "redisbus_exporter_redis_up",
+            "redisbus_exporter_collect_duration_seconds",
+        }
+        assert gauge(samples, "redisbus_exporter_redis_up") == 0
+        # and the exporter is not ready, but alive: a restart would not bring Redis back
+        status, text = readyz(e.port)
+        assert status == 503 and text.startswith("redis: ConnectionError")
+        assert healthz(e.port) == (200, "ok\n")
+        # when Redis returns on the same port
+        server.start()
+        assert e.refresh() is not None
+        # then the gauges are back
+        samples = scrape(e.port)
+        assert gauge(samples, "redisbus_exporter_redis_up") == 1
+        assert gauge(samples, "redisbus_channels") == 0
+        assert readyz(e.port)[0] == 200
     finally:
         server.stop()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_healthz_fails_when_the_reader_thread_has_died(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    # given an exporter whose read loop dies (a bug we do not know of yet)
+    e = exporter(exporter_interval_s=0.01)
+    assert healthz(e.port) == (200, "ok\n")
+
+    def broken() -> None:
+        raise SystemExit("reader gone")
+
+    e.refresh = broken  # type: ignore[method-assign]
+    # then liveness says so, so that the orchestrator restarts the process
+    assert wait_for(lambda: healthz(e.port)[0] == 503, timeout=10)
+    assert healthz(e.port)[1] == "the reader thread has stopped\n"
+
+
+def test_memory_gauges_and_eviction_policy_come_from_info_memory(
+    tmp_path: Path, exporter: Callable[..., Exporter]
+) -> None:
+    # given a Redis with a memory limit and a policy that may evict
+    server = start_server(
+        "redis7", tmp_path, ["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]
+    )
+    try:
+        info = server.client().info("memory")
+        # when the exporter reads it
+        samples = scrape(exporter(url=server.url).port)
+        # then it exports the limit, the usage and the policy, from INFO memory
+        assert gauge(samples, "redisbus_redis_memory_max_bytes") == 64 * 1024 * 1024
+        used = gauge(samples, "redisbus_redis_memory_used_bytes")
+        assert 0.5 * info["used_memory"] < used < 2 * info["used_memory"]
+        assert gauge(samples, "redisbus_redis_maxmemory_policy", policy="allkeys-lru") == 1
+        assert [k for k in samples if k[0] == "redisbus_redis_maxmemory_policy"] == [
+            ("redisbus_redis_maxmemory_policy", (("policy", "allkeys-lru"),))
+        ]
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("face", ["sync", "async"])
+def test_the_bus_warns_about_an_evicting_policy_under_the_agent_acl_user(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, face: str
+) -> None:
+    # given Redis running deploy/redis/users.acl (no CONFIG for anyone) with allkeys-lru
+    password = "agent-test-only"
+    acl = tmp_path / "users.acl"
+    subprocess.run(
+        [
+            "sh",
+            str(DEPLOY / "redis" / "render-acl.sh"),
+            str(DEPLOY / "redis" / "users.acl"),
+            str(acl),
+        ],
+        env={**os.environ, "REDISBUS_AGENT_PASSWORD": password, "REDISBUS_EXPORTER_PASSWORD": "x"},
+        check=True,
+        timeout=30,
+    )
+    extra = ("--aclfile", str(acl), "--maxmemory-policy", "allkeys-lru")
+    with run_redis(None, tmp_path, *extra) as port:
+        settings = BusSettings(metrics=False, username="agent", password=password)
+        url = f"redis://127.0.0.1:{port}/0"
+        caplog.set_level(logging.WARNING, logger="redisbus")
+        # when an agent host under the agent user opens a channel
+        if face == "sync":
+            with Bus.from_url(url, settings=settings) as bus:
+                bus.channel("c")
+        else:
+
+            async def open_channel() -> None:
+                async with AsyncBus.from_url(url, settings=settings) as bus:
+                    await bus.channel("c")
+
+            asyncio.run(open_channel())
+    # then it warns, having read the policy from INFO memory (CONFIG GET is denied)
+    warnings = [r.getMessage() for r in caplog.records if "maxmemory-policy" in r.getMessage()]
+    assert len(warnings) == 1 and "'allkeys-lru'" in warnings[0], warnings
+
+
+def test_metrics_speak_openmetrics_and_gzip_when_asked(
+    bus: Bus, exporter: Callable[..., Exporter]
+) -> None:
+    e = exporter()
+    url = f"http://127.0.0.1:{e.port}/metrics"
+    # when a scraper asks for OpenMetrics, gzip-compressed (as Prometheus does)
+    req = urllib.request.Request(
+        url,
+        headers={
+            "Accept": "application/openmetrics-text; version=1.0.0",
+            "Accept-Encoding": "gzip",
+        },
+    )
+    with urllib.request.urlopen(req, timeout=5) as r:
+        content_type, encoding, body = (
+            r.headers["Content-Type"],
+            r.headers["Content-Encoding"],
+            r.read(),
+        )
+    # then it gets both
+    assert content_type.startswith("application/openmetrics-text")
+    assert encoding == "gzip"
+    text = gzip.decompress(body).decode()
+    assert text.endswith("# EOF\n")
+    assert "redisbus_exporter_redis_up 1.0" in text
+    # and a plain scraper still gets the text format, uncompressed
+    with urllib.request.urlopen(url, timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert r.headers.get("Content-Encoding") is None
+    assert get(e.port, "/nothing-here")[0] == 404
 
 
 def test_the_janitor_thread_trims_what_every_agent_is_done_with(
@@ -453,6 +594,131 @@ def test_command_line_refuses_without_redis_url(
 def test_command_line_refuses_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--url", "redis://127.0.0.1:1/0", "--port", "70000"]) == 2
     assert "exporter_port" in capsys.readouterr().err
+
+
+REDISBUS = Path(sys.executable).with_name("redisbus")
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("REDISBUS_")}
+    return subprocess.run(
+        [str(REDISBUS), *args],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("command", ["exporter", "janitor"])
+def test_daemon_commands_share_the_cli_help_and_environment_variables(command: str) -> None:
+    # when the daemons' help is asked for
+    p = run_cli(command, "--help")
+    # then it is the CLI's own help (typer's style), naming each option's variable
+    assert p.returncode == 0, p.stderr
+    assert f"Usage: redisbus {command} [OPTIONS]" in p.stdout
+    for variable in ("REDISBUS_URL", "REDISBUS_PREFIX", "REDISBUS_LOG_LEVEL"):
+        assert variable in p.stdout, variable
+    # and the top-level help lists them among the commands
+    assert f" {command} " in run_cli("--help").stdout
+
+
+@pytest.mark.parametrize("command", ["exporter", "janitor"])
+def test_daemon_commands_without_redis_exit_3_with_one_line_on_stderr(command: str) -> None:
+    p = run_cli(command)
+    assert p.returncode == 3, p
+    assert p.stdout == ""
+    assert p.stderr.startswith("redisbus: set REDISBUS_URL") and p.stderr.count("\n") == 1
+
+
+def test_janitor_reports_an_unreachable_redis_on_stderr_with_exit_3() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    p = run_cli("janitor", "--once", REDISBUS_URL=url, REDISBUS_RETRY_ATTEMPTS="0")
+    assert p.returncode == 3, p
+    assert p.stdout == ""
+    assert "connection" in p.stderr and p.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (["janitor", "--once", "--batch", "0"], "--batch"),
+        (["janitor", "--interval-s", "abc"], "--interval-s"),
+        (["exporter", "--port", "70000"], "exporter_port"),
+        (["exporter", "--log-level", "LOUD"], "--log-level"),
+    ],
+)
+def test_daemon_commands_refuse_bad_values_with_exit_2(args: list[str], where: str) -> None:
+    p = run_cli(*args, REDISBUS_URL="redis://127.0.0.1:1/0")
+    assert p.returncode == 2, p
+    assert p.stdout == ""
+    assert where in p.stderr
+
+
+def test_janitor_command_sweeps_and_prints_its_report(redis_url: str, bus: Bus) -> None:
+    # given ten messages every agent is done with
+    ch = bus.channel("sweep-cli", **FAST)
+    a, b = ch.join("a"), ch.join("b")
+    for i in range(10):
+        a.send("b", f"{i}")
+    b.mark_done(b.read(limit=100))
+    # when `redisbus janitor --once` runs, configured by the environment
+    p = run_cli("janitor", "--once", REDISBUS_URL=redis_url)
+    # then it trims them and says so on stdout
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("1 channels: 10 trimmed,")
+    assert ch.length() == 0
+
+
+def test_janitor_daemon_outlives_a_redis_outage(tmp_path: Path) -> None:
+    # given `redisbus janitor` sweeping every 0.1 s a Redis of its own
+    server = start_server("redis7", tmp_path)
+    proc = subprocess.Popen(
+        [str(REDISBUS), "janitor", "--interval-s", "0.1"],
+        env={**os.environ, "REDISBUS_URL": server.url, "REDISBUS_RETRY_ATTEMPTS": "0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+
+    def logged(text: str) -> bool:
+        return any(text in line for line in list(lines))
+
+    try:
+        assert wait_for(lambda: logged("janitor: 0 channels"), timeout=30), lines
+        # when Redis goes away for a while
+        server.stop()
+        assert wait_for(lambda: logged("pass failed"), timeout=30), lines
+        time.sleep(0.5)
+        assert proc.poll() is None, lines
+        # and comes back, with messages every agent is done with
+        server.start()
+        bus = Bus.from_url(server.url, settings=BusSettings(metrics=False))
+        try:
+            ch = bus.channel("after-outage", **FAST)
+            a, b = ch.join("a"), ch.join("b")
+            for i in range(5):
+                a.send("b", f"{i}")
+            b.mark_done(b.read(limit=100))
+            # then the janitor, still running, trims them
+            assert wait_for(lambda: ch.length() == 0, timeout=20)
+        finally:
+            bus.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+        reader.join(timeout=5)  # stderr is the reader's alone
+        out = proc.stdout.read() if proc.stdout else ""
+        server.stop()
+    # and it stops cleanly on SIGTERM, having logged the outage once, on stderr
+    assert proc.returncode == 0, lines
+    assert out == ""
+    assert sum("pass failed" in line for line in lines) == 1, lines
+    assert logged("passes succeed again"), lines
 
 
 def test_settings_read_every_variable_the_deploy_files_give_the_exporter(
@@ -547,5 +813,11 @@ def test_exporter_reads_channels_on_every_shard_of_a_cluster(
         assert gauge(samples, "redisbus_unread_messages") == 1 + 2 + 3
         for n, name in enumerate(names, start=1):
             assert gauge(samples, "redisbus_channel_unread_messages", channel=name) == n
+        # and Redis' memory is that of one node (INFO answers per node on a Cluster)
+        assert gauge(samples, "redisbus_exporter_redis_up") == 1
+        nodes = [redis_cluster.node_client(p) for p in redis_cluster.primaries()]
+        used = [int(c.info("memory")["used_memory"]) for c in nodes]
+        assert 0.5 * min(used) < gauge(samples, "redisbus_redis_memory_used_bytes") < 2 * max(used)
+        assert gauge(samples, "redisbus_redis_maxmemory_policy", policy="noeviction") == 1
     finally:
         bus.close()

@@ -7,8 +7,7 @@ leaves the channel's state (stream, counters, buckets, marks, members, groups) a
 Everything runs in-process against the session's real Redis 7 (``redis7``).
 
 Calls that cannot be refused may block (a valid ``wait``), so timeouts are drawn either
-invalid or zero. Known gaps in the code under test have their own ``xfail(strict=True)``
-test at the end of the module; the fuzzers skip the state check for exactly those calls.
+invalid or zero.
 """
 
 from __future__ import annotations
@@ -485,7 +484,7 @@ def cli_argv(cmd: str, channel: str, ids: list[str]) -> st.SearchStrategy[list[s
     num = st.one_of(numbers.map(str), word)
     short = short_or_bad(num)
     ident = st.one_of(entry_ids, st.sampled_from(ids))
-    # --as: a member, or a name the core refuses (a new valid name would join: see the xfail)
+    # --as: a member, or a name the core refuses
     agent = st.one_of(
         st.sampled_from(MEMBERS),
         st.sampled_from(MEMBERS),

@@ -3,70 +3,31 @@ official ``mcp`` client over stdio (and once over streamable HTTP), on a real Re
 
 from __future__ import annotations
 
-import json
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-
-# the mcp SDK is a dev dependency: missing, the import below fails the run (never a skip)
 from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from redisbus.embedded import free_port
 from redisbus.integrations.mcp import TOOL_NAMES
+from tests.mcp_support import (
+    ROOT,
+    call,
+    mcp_agent,
+    refused,
+    server_args,
+    server_env,
+)
+from tests.mcp_support import wait_for_port as _wait_for_port
 
 pytestmark = pytest.mark.timeout(120)
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def server_args(channel: str, name: str, *extra: str) -> list[str]:
-    return ["-m", "redisbus.integrations.mcp", "--channel", channel, "--as", name, *extra]
-
-
-def server_env(redis_url: str) -> dict[str, str]:
-    return {"REDISBUS_URL": redis_url, "REDISBUS_METRICS": "false", "PYTHONPATH": str(ROOT)}
-
-
-@asynccontextmanager
-async def mcp_agent(
-    redis_url: str, channel: str, name: str, *extra: str
-) -> AsyncIterator[ClientSession]:
-    """A ``python -m redisbus.integrations.mcp`` process serving ``name``, and a client on it."""
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=server_args(channel, name, *extra),
-        env=server_env(redis_url),
-        cwd=str(ROOT),
-    )
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
-        yield session
-
-
-async def call(session: ClientSession, tool: str, **args: Any) -> dict[str, Any]:
-    res = await session.call_tool(tool, args)
-    text = res.content[0].text  # type: ignore[union-attr]
-    assert not res.is_error, text
-    out: dict[str, Any] = json.loads(text)
-    return out
-
-
-async def refused(session: ClientSession, tool: str, **args: Any) -> str:
-    res = await session.call_tool(tool, args)
-    text: str = res.content[0].text  # type: ignore[union-attr]
-    assert res.is_error, text
-    return text
 
 
 async def test_tools_are_listed_and_none_takes_a_sender(redis_url: str) -> None:
@@ -79,7 +40,8 @@ async def test_tools_are_listed_and_none_takes_a_sender(redis_url: str) -> None:
         assert not props & {"from", "sender", "from_agent", "as", "agent"}, (t.name, props)
         assert "alice" in (t.description or ""), t.name  # the fixed identity is stated
     wait = next(t for t in tools if t.name == "agent_wait")
-    assert wait.input_schema["properties"]["timeout"]["maximum"] == 300
+    assert wait.input_schema["properties"]["timeout"]["maximum"] == 100
+    assert wait.input_schema["properties"]["timeout"]["default"] == 25
 
 
 async def test_two_agents_ask_answer_mark_done_and_discover_each_other(redis_url: str) -> None:
@@ -184,7 +146,7 @@ async def test_refusals_are_tool_errors_with_the_typed_reason(redis_url: str) ->
         assert "unknown_agent" in text
 
         text = await refused(alice, "agent_send_message", to="bob", message="x" * (33 * 1024))
-        assert "too_large" in text and "limit=32768" in text
+        assert "too_large" in text and "limit 32768 (32 KiB), current 33792" in text
 
         text = await refused(alice, "agent_send_message", to="bob", message="hi", type="control")
         assert "invalid_input" in text
@@ -193,15 +155,15 @@ async def test_refusals_are_tool_errors_with_the_typed_reason(redis_url: str) ->
         assert "invalid_input" in text
 
         started = time.monotonic()
-        text = await refused(alice, "agent_wait", timeout=301)
-        assert "invalid_input" in text and "300" in text
+        text = await refused(alice, "agent_wait", timeout=101)
+        assert "invalid_input" in text and "100" in text
         assert time.monotonic() - started < 2
 
         for _ in range(3):  # the pair bucket: 3 burst
             await call(alice, "agent_send_message", to="bob", message="ping")
         text = await refused(alice, "agent_send_message", to="bob", message="ping")
         assert text.split(": ", 1)[1].startswith("rate_limited") or "rate_limited" in text
-        assert "retry_after_s=" in text
+        assert re.search(r"retry after \d", text) and text.count("retry after") == 1
 
 
 async def test_wait_never_blocks_longer_than_asked(redis_url: str) -> None:
@@ -210,6 +172,8 @@ async def test_wait_never_blocks_longer_than_asked(redis_url: str) -> None:
         w = await call(alice, "agent_wait", timeout=1.5)
         elapsed = time.monotonic() - started
 
+    cursor = w.pop("cursor")
+    assert w.pop("hint").endswith(f"call agent_wait again with cursor={cursor!r}")
     assert w == {
         "agent": "alice",
         "channel": "c-wait",
@@ -234,20 +198,6 @@ async def test_a_message_read_in_full_is_not_handed_out_again_by_wait(redis_url:
         second = await call(alice, "agent_send_message", to="bob", message="second")
         w = await call(bob, "agent_wait", timeout=5)
         assert [x["id"] for x in w["messages"]] == [second["message_id"]]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(
-                f"server exited: {proc.stderr.read().decode() if proc.stderr else ''}"
-            )
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listening on port {port}")
 
 
 async def test_streamable_http_serves_the_same_agent(redis_url: str) -> None:
@@ -313,7 +263,6 @@ def test_a_server_that_cannot_join_exits_with_one_line(redis_url: str) -> None:
         text=True,
         timeout=60,
     )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "redisbus mcp: unknown_agent: no such parent: ghost"
-    ]
+    assert proc.returncode == 1  # refused (exit statuses of every redisbus command)
+    [line] = proc.stderr.strip().splitlines()
+    assert "unknown_agent" in line and "no such parent: ghost" in line

@@ -1,14 +1,18 @@
-"""A real Prometheus scraping live metrics: every dashboard query returns data, the alert
-expressions evaluate, and delivery latency is seen per host and for the whole fleet.
+"""A real Prometheus scraping live metrics: every dashboard query returns data, every alert
+expression gives the answer the live state calls for, the Redis-down alert fires when Redis
+stops and resolves when it returns, and delivery latency is seen per host and for the whole
+fleet.
 
 The fleet gauges come from the real `redisbus exporter` (``python -m redisbus.exporter`` in a
-subprocess) reading a real Redis; the client metrics come from real ``BusMetrics`` and from
-two ``deploy/agent_host.py`` processes on that Redis.
+subprocess) reading a real Redis; the client metrics come from real buses doing real sends,
+fetches, refusals, redeliveries and dead-lettering (the bus measures every number itself), and
+from two ``deploy/agent_host.py`` processes.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import itertools
 import os
 import random
 import signal
@@ -19,26 +23,32 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from redisbus import Bus, BusSettings
+from redisbus import Bus, BusSettings, RedisbusError
 from redisbus.metrics import BusMetrics, serve_metrics
 from tests.deploy_support import DEPLOY, LATENCY_BUCKET, run_redis
 from tests.prometheus_fixture import (
     ALERTS,
     alert_queries,
+    alerts,
     dashboard_queries,
     free_port,
     query,
+    quick_rules,
+    rule_states,
     start_prometheus,
     wait_for_data,
+    wait_until,
 )
+from tests.servers import start_server
 
 FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0}
+RUNBOOK = "https://redisbus.readthedocs.io/en/latest/runbook/#"
 
 
 @contextmanager
@@ -103,21 +113,102 @@ def bus_redis(tmp_path: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
 
 
-def traffic(metrics: dict[str, BusMetrics], stop: threading.Event) -> None:
-    """Record a steady trickle on every host until stopped (bounded: at most 60 s)."""
-    latency = {"host-a": (0.002, 0.004), "host-b": (1.5, 3.0)}
-    rng = random.Random(7)
-    deadline = time.monotonic() + 60
-    while not stop.is_set() and time.monotonic() < deadline:
-        for host, m in metrics.items():
-            m.sent(rng.choice(["message", "request", "status_update"]))
-            m.rejected(rng.choice(["inbox_full", "rate_limited"]))
-            m.delivered(rng.uniform(*latency[host]))
-            m.received(1)
-            m.done(1)
-            m.redelivered(1)
-            m.dead_lettered(1)
-        stop.wait(0.05)
+class Traffic:
+    """Real traffic on a bus of its own, from two "hosts" (two buses, each recording into its
+    own registry): host-a's reader fetches each message as soon as it is sent, host-b's only
+    every ``b_every_s``; every send also tries a full inbox (refused, ``inbox_full``), and a
+    second thread keeps a job whose handler never finishes going round the lease until it is
+    redelivered, then dead-lettered. Every latency and counter is the bus's own measurement."""
+
+    def __init__(self, redis_url: str, b_every_s: float = 2.0) -> None:
+        self.registries = {h: CollectorRegistry() for h in ("host-a", "host-b")}
+        self.buses = {
+            h: Bus.from_url(
+                redis_url,
+                settings=BusSettings(host=h, replica=f"{h}/1"),
+                metrics=BusMetrics(r, host=h),
+            )
+            for h, r in self.registries.items()
+        }
+        self.b_every_s = b_every_s
+        self.stop = threading.Event()
+        self.errors: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._guard, args=(fn,), daemon=True)
+            for fn in (self._talk, self._leases)
+        ]
+
+    def start(self) -> Traffic:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+        for bus in self.buses.values():
+            bus.close()
+        assert not self.errors, self.errors
+
+    def _guard(self, fn: object) -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as e:  # reported by close(), in the test's thread
+            self.errors.append(e)
+
+    def _talk(self) -> None:
+        a, b = self.buses["host-a"], self.buses["host-b"]
+        talk = a.channel("talk", routing="open", **FAST)
+        sender, a_reader = talk.join("sender"), talk.join("a-reader")
+        b_reader = b.channel("talk").join("b-reader")
+        caps = a.channel("caps", routing="open", inbox_cap=1, **FAST)
+        caps.join("full")  # never reads
+        caps_sender = caps.join("chatty")
+        b_caps_sender = b.channel("caps").join("b-chatty")
+        caps_sender.send("full", "fills the inbox")
+        rng = random.Random(7)
+        next_b = time.monotonic() + self.b_every_s
+        deadline = time.monotonic() + 90
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            kind = rng.choice(["message", "request", "status_update"])
+            sender.send("a-reader", "now", type=kind)
+            got = a_reader.wait(timeout=0)
+            a_reader.mark_done(got.messages)
+            sender.send("b-reader", "later", type=kind)
+            if time.monotonic() >= next_b:
+                for _ in range(10):
+                    got = b_reader.wait(timeout=0)
+                    if not got.messages:
+                        break
+                    b_reader.mark_done(got.messages)
+                next_b = time.monotonic() + self.b_every_s
+            for s in (caps_sender, b_caps_sender):
+                # refused; the bus counts it as redisbus_send_rejected_total{reason="inbox_full"}
+                with contextlib.suppress(RedisbusError):
+                    s.send("full", "refused")
+            self.stop.wait(0.05)
+
+    def _leases(self) -> None:
+        b = self.buses["host-b"]
+        jobs = b.channel("jobs", routing="open", lease_s=0.1, max_deliveries=2, **FAST)
+        boss = jobs.join("boss")
+        deadline = time.monotonic() + 90
+        for n in itertools.count():
+            if self.stop.is_set() or time.monotonic() > deadline:
+                return
+            # a fresh worker each time: the bus's breaker pauses deliveries to an agent
+            # whose messages keep dying, which is not what this traffic is about
+            name = f"worker-{n}"
+            first = jobs.join(name, replica="w1")
+            second = jobs.join(name, replica="w2")
+            boss.send(name, "a handler that never finishes")
+            assert first.wait(timeout=1).kind == "message"
+            time.sleep(0.15)
+            assert second.wait(timeout=0.3).kind == "message"  # reclaimed: a redelivery
+            time.sleep(0.15)
+            first.wait(timeout=0.3)  # past max_deliveries: dead-lettered
+            self.stop.wait(0.5)
 
 
 @pytest.mark.slow
@@ -125,54 +216,69 @@ def test_prometheus_scrapes_bus_metrics_and_every_query_returns_data(
     tmp_path: Path, bus_redis: str
 ) -> None:
     # given a bus with a known backlog, the real exporter reading it (watchdog at 0.5 s),
-    # and two agent hosts serving client metrics
+    # two hosts' real traffic on a second Redis serving client metrics, and an agent host
+    # that is down; the rules are the committed ones with their `for` shortened to 1 s
     seed_backlog(bus_redis)
-    registries = {h: CollectorRegistry() for h in ("host-a", "host-b")}
-    metrics = {h: BusMetrics(r, host=h) for h, r in registries.items()}
-    servers = [serve_metrics(0, "127.0.0.1", r)[0] for r in registries.values()]
-    stop = threading.Event()
-    thread = threading.Thread(target=traffic, args=(metrics, stop), daemon=True)
-    thread.start()
-    with run_exporter(bus_redis, "--interval-s", "0.5", "--stale-s", "0.5") as exporter:
+    with ExitStack() as stack:
+        (tmp_path / "traffic").mkdir()
+        traffic_port = stack.enter_context(run_redis(None, tmp_path / "traffic"))
+        traffic = Traffic(f"redis://127.0.0.1:{traffic_port}/0").start()
+        stack.callback(traffic.close)
+        servers = [serve_metrics(0, "127.0.0.1", r)[0] for r in traffic.registries.values()]
+        for srv in servers:
+            stack.callback(srv.server_close)
+            stack.callback(srv.shutdown)
+        dead_host = f"127.0.0.1:{free_port()}"
+        exporter = stack.enter_context(
+            run_exporter(bus_redis, "--interval-s", "0.5", "--stale-s", "0.5")
+        )
+        # Redis near its memory limit: maxmemory a little above what it uses now
+        import redis
+
+        r = redis.Redis.from_url(bus_redis)
+        used = int(r.info("memory")["used_memory"])
+        r.config_set("maxmemory", str(int(used / 0.93)))
+        r.close()
         url, stop_prometheus = start_prometheus(
             tmp_path,
             {
-                "redisbus-agents": [f"127.0.0.1:{s.server_port}" for s in servers],
+                "redisbus-agents": [f"127.0.0.1:{s.server_port}" for s in servers] + [dead_host],
                 "redisbus-exporter": [exporter],
             },
-            rule_files=[ALERTS],
+            rule_files=[quick_rules(tmp_path)],
         )
-        try:
-            check_every_query(url)
-        finally:
-            stop.set()
-            thread.join(timeout=5)
-            stop_prometheus()
-            for s in servers:
-                s.shutdown()
-                s.server_close()
+        stack.callback(stop_prometheus)
+        check_every_query(url)
+        check_every_alert(url, dead_host)
 
 
 def check_every_query(url: str) -> None:
-    """Dashboard queries, fleet values, latency per host and in aggregate, alert rules."""
+    """Dashboard queries, fleet values, latency per host and in aggregate."""
     # when Prometheus has scraped a few times
     rate_expr = "sum by (host) (rate(redisbus_delivery_latency_seconds_count[1m])) > 0"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 45
     while len(query(url, rate_expr)) < 2:
         assert time.monotonic() < deadline, "no delivery rate for both hosts"
         time.sleep(0.25)
 
     # then every dashboard panel query returns data
     for title, expr in dashboard_queries():
-        assert wait_for_data(url, expr, timeout_s=15), title
+        assert wait_for_data(url, expr, timeout_s=20), title
 
-    # and latency is visible per host and in aggregate
+    # and the latency the bus measured tells the prompt host from the one that fetches
+    # every 2 s (whose messages wait 0 to 2 s, about 1 s at the median)
     p50 = f"histogram_quantile(0.5, sum by (le, host) (rate({LATENCY_BUCKET}[1m])))"
-    per_host = {r["metric"]["host"]: float(r["value"][1]) for r in query(url, p50)}
-    assert per_host["host-a"] < 0.01 < 1.0 < per_host["host-b"] <= 5.0
+
+    def medians() -> dict[str, float]:
+        return {r["metric"]["host"]: float(r["value"][1]) for r in query(url, p50)}
+
+    # (host-b's first fetches are the lease thread's prompt ones: wait for its slow reader)
+    wait_until(f"host-b's median above 0.4 s: {medians()}", lambda: medians()["host-b"] > 0.4)
+    per_host = medians()
+    assert per_host["host-a"] < 0.1 < 0.4 < per_host["host-b"] <= 2.5, per_host
     p99_all = f"histogram_quantile(0.99, sum by (le) (rate({LATENCY_BUCKET}[1m])))"
     (aggregate,) = query(url, p99_all)
-    assert 1.0 < float(aggregate["value"][1]) <= 5.0
+    assert per_host["host-b"] < float(aggregate["value"][1]) <= 5.0
 
     # and Prometheus holds the exporter's reading of the seeded backlog
     fleet = {
@@ -182,6 +288,7 @@ def check_every_query(url: str) -> None:
             "redisbus_unread_messages",
             "redisbus_pending_messages",
             "redisbus_dead_letters",
+            "redisbus_exporter_redis_up",
         )
     }
     assert fleet == {
@@ -189,6 +296,7 @@ def check_every_query(url: str) -> None:
         "redisbus_unread_messages": 2,
         "redisbus_pending_messages": 3,
         "redisbus_dead_letters": 1,
+        "redisbus_exporter_redis_up": 1,
     }
     # the watchdog (0.5 s here) sees the two unread messages as stale
     stale = "max(redisbus_watchdog_stale_unread_messages)"
@@ -197,28 +305,127 @@ def check_every_query(url: str) -> None:
     per_channel = {r["metric"]["channel"]: float(r["value"][1]) for r in query(url, top)}
     assert per_channel == {"anime-project-1": 2, "anime-project-2": 0}
 
-    # and every alert expression is accepted and evaluates without error
-    for _, expr in alert_queries():
-        query(url, expr)
-    # the backlog is seconds old, far below the alert's 60 s: the stale alert stays
-    # inactive (promtool's unit tests make it fire), and so does exporter-down
-    expected = {
-        "RedisbusStaleUnread": {"inactive"},
-        "RedisbusExporterDown": {"inactive"},
+
+def check_every_alert(url: str, dead_host: str) -> None:
+    """Each alert expression gives what the live state calls for, and exactly the alerts
+    that should fire do, with their labels and annotations."""
+    exprs = dict(alert_queries())
+
+    def result(name: str) -> list[dict[str, object]]:
+        return query(url, exprs[name])
+
+    # the traffic refuses one send in two: the refusal alert's expression gives that share
+    (refusals,) = result("RedisbusRefusalRateHigh")
+    rejected = float(query(url, "sum(rate(redisbus_send_rejected_total[5m]))")[0]["value"][1])
+    sent = float(query(url, "sum(rate(redisbus_messages_sent_total[5m]))")[0]["value"][1])
+    share = float(refusals["value"][1])  # type: ignore[index]
+    assert share == pytest.approx(rejected / (sent + rejected), rel=0.05)
+    assert 0.3 < share < 0.6
+    # the agent host that is down, and only it
+    (down,) = result("RedisbusAgentHostDown")
+    assert down["metric"] == {"__name__": "up", "job": "redisbus-agents", "instance": dead_host}
+    # Redis at about 93% of its maxmemory
+    (memory,) = result("RedisbusRedisMemoryNearLimit")
+    assert 0.9 < float(memory["value"][1]) < 1.05  # type: ignore[index]
+    # and nothing else: each quiet expression is quiet although its input series exist
+    quiet = {
+        "RedisbusStaleUnread": "max(redisbus_oldest_unread_age_seconds) < 60",
+        "RedisbusDeadLettersGrowing": "max(redisbus_dead_letters) == 1",
+        "RedisbusDeliveryLatencyP99High": f"sum(rate({LATENCY_BUCKET}[5m])) > 0",
+        "RedisbusExporterDown": 'up{job="redisbus-exporter"} == 1',
+        "RedisbusRedisDown": "redisbus_exporter_redis_up == 1",
+        "RedisbusEvictionPolicyUnsafe": 'redisbus_redis_maxmemory_policy{policy="noeviction"}',
     }
-    deadline = time.monotonic() + 20
-    while True:
-        with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10) as r:
-            rules = [rule for g in json.load(r)["data"]["groups"] for rule in g["rules"]]
-        states = {rule["name"]: (rule["health"], rule["state"]) for rule in rules}
-        if (
-            len(states) == 5
-            and all(h == "ok" for h, _ in states.values())
-            and all(states[n][1] in ok for n, ok in expected.items())
-        ):
-            break
-        assert time.monotonic() < deadline, states
-        time.sleep(0.25)
+    assert set(quiet) | {"RedisbusRefusalRateHigh", "RedisbusAgentHostDown",
+                         "RedisbusRedisMemoryNearLimit"} == set(exprs)  # fmt: skip
+    for name, inputs in quiet.items():
+        assert query(url, inputs), (name, inputs)
+        assert result(name) == [], name
+
+    # then Prometheus fires exactly those three, each with its runbook, once `for` has passed
+    firing = {"RedisbusRefusalRateHigh", "RedisbusAgentHostDown", "RedisbusRedisMemoryNearLimit"}
+
+    def settled() -> bool:
+        states = rule_states(url)
+        return len(states) == len(exprs) and all(
+            health == "ok" and state == ("firing" if name in firing else "inactive")
+            for name, (health, state) in states.items()
+        )
+
+    wait_until(f"only {sorted(firing)} firing: {rule_states(url)}", settled, timeout_s=30)
+    active = {a["labels"]["alertname"]: a for a in alerts(url)}
+    assert set(active) == firing
+    assert active["RedisbusAgentHostDown"]["labels"] == {
+        "alertname": "RedisbusAgentHostDown",
+        "severity": "warning",
+        "job": "redisbus-agents",
+        "instance": dead_host,
+    }
+    assert active["RedisbusAgentHostDown"]["annotations"]["summary"] == (
+        f"redisbus: agent host {dead_host} is not scraped"
+    )
+    for name, alert in active.items():
+        assert alert["annotations"]["runbook_url"] == RUNBOOK + name.lower()
+
+
+@pytest.mark.slow
+def test_redis_down_alert_fires_when_redis_stops_and_resolves_when_it_returns(
+    tmp_path: Path,
+) -> None:
+    # given a Redis, the exporter reading it every 0.2 s, and Prometheus scraping the
+    # exporter every second with the committed rules (`for` shortened to 2 s)
+    server = start_server("redis7", tmp_path / "redis")
+    try:
+        with run_exporter(server.url, "--interval-s", "0.2") as exporter:
+            url, stop_prometheus = start_prometheus(
+                tmp_path,
+                {"redisbus-exporter": [exporter]},
+                rule_files=[quick_rules(tmp_path, for_="2s")],
+            )
+            try:
+                wait_for_data(url, "redisbus_exporter_redis_up == 1")
+                wait_until(
+                    "RedisbusRedisDown inactive",
+                    lambda: rule_states(url).get("RedisbusRedisDown") == ("ok", "inactive"),
+                )
+
+                def redis_down() -> list[dict[str, object]]:
+                    return [
+                        a
+                        for a in alerts(url)
+                        if a["labels"]["alertname"] == "RedisbusRedisDown"
+                        and a["state"] == "firing"
+                    ]
+
+                # when Redis stops
+                server.stop()
+                # then the alert fires, naming the exporter, while the exporter stays up
+                fired_s = wait_until("RedisbusRedisDown firing", lambda: bool(redis_down()))
+                (alert,) = redis_down()
+                assert alert["labels"] == {
+                    "alertname": "RedisbusRedisDown",
+                    "severity": "critical",
+                    "job": "redisbus-exporter",
+                    "instance": exporter,
+                }
+                assert alert["annotations"]["summary"] == (
+                    f"redisbus: the exporter {exporter} cannot read Redis"
+                )
+                assert alert["annotations"]["runbook_url"] == RUNBOOK + "redisbusredisdown"
+                assert float(query(url, "up")[0]["value"][1]) == 1
+                assert rule_states(url)["RedisbusExporterDown"] == ("ok", "inactive")
+                # when Redis returns on the same port
+                server.start()
+                # then the alert resolves
+                resolved_s = wait_until("RedisbusRedisDown resolved", lambda: not redis_down())
+                assert rule_states(url)["RedisbusRedisDown"] == ("ok", "inactive")
+                assert query(url, "redisbus_exporter_redis_up == 1")
+                print(f"RedisbusRedisDown fired {fired_s:.1f} s after Redis stopped, "
+                      f"resolved {resolved_s:.1f} s after it returned")  # fmt: skip
+            finally:
+                stop_prometheus()
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow

@@ -61,9 +61,19 @@ def test_sigkilled_replica_messages_go_to_the_other_replica(redis7: Server, tmp_
     r1.kill()
     r1.wait()
     r2 = spawn_replica(redis7.url, "crash", "host-b/1", log2, 0.0)
+    everything = {f"m{i}" for i in range(n)}
+
+    def logged_done() -> set[str]:
+        text = log1.read_text() + log2.read_text()
+        return {line.split()[1] for line in text.split("\n") if line.startswith("done")}
+
     try:
-        # then the other replica gets each remaining message after the lease
-        assert wait_for(lambda: ch.counts()["worker"] == 0, 30), ch.counts()
+        # then the other replica gets each remaining message after the lease; r2 is stopped
+        # only once it has logged its last "done" (it logs after mark_done returns)
+        assert wait_for(lambda: ch.counts()["worker"] == 0 and logged_done() == everything, 30), (
+            ch.counts(),
+            everything - logged_done(),
+        )
     finally:
         r2.kill()
         r2.wait()
@@ -72,7 +82,7 @@ def test_sigkilled_replica_messages_go_to_the_other_replica(redis7: Server, tmp_
     done1 = {line.split()[1] for line in log1.read_text().split("\n") if line.startswith("done")}
     done = {line.split()[1] for line in lines if line.startswith("done")}
     # none lost
-    assert done == {f"m{i}" for i in range(n)}
+    assert done == everything
     # duplicates only for what was in flight on r1 (started, not done, when killed)
     dups = {m for m, c in started.items() if c > 1}
     in_flight = {

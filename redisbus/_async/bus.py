@@ -126,12 +126,17 @@ class AsyncBus:
 
     async def _warn_if_evicting(self) -> None:
         """Streams must never be evicted: say so loudly unless maxmemory-policy is noeviction."""
-        try:
-            got = await self._io.r.config_get("maxmemory-policy")
-        except Exception:  # a least-privilege user may not run CONFIG; nothing to check then
+        try:  # INFO, not CONFIG GET: the least-privilege ACL users may run INFO only
+            got = await self._io.r.info("memory")
+        except Exception:  # a user without INFO: nothing to check then
             return
-        policy = next(iter(got.values()), "") if isinstance(got, dict) else ""
-        if policy and policy != "noeviction":
+        nodes = (
+            [got] if "maxmemory_policy" in got else [v for v in got.values() if isinstance(v, dict)]
+        )
+        policy = ", ".join(
+            sorted({str(n.get("maxmemory_policy", "")) for n in nodes} - {"", "noeviction"})
+        )
+        if policy:
             log.warning(
                 "redisbus: Redis maxmemory-policy is %r: under memory pressure Redis may EVICT "
                 "channel streams and lose messages. Set maxmemory-policy noeviction.",

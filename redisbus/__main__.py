@@ -1,0 +1,5 @@
+"""``python -m redisbus``: the same as the ``redisbus`` command."""
+
+from .cli import main
+
+main()

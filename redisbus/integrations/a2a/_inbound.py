@@ -1,0 +1,324 @@
+"""Inbound: every member of a channel answers as an A2A agent.
+
+A message from an A2A caller becomes one bus message from the caller's member name (bound to
+its bearer token, never taken from the request) to the member whose URL was called. The A2A
+task is that bus message: its state is read from the message's receipt each time it is asked
+for, and its result is the member's reply (the message whose ``reply_to`` is the task's id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers.request_handler import RequestHandler
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskPushNotificationConfig,
+    TaskState,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import (
+    ExtendedAgentCardNotConfiguredError,
+    InvalidParamsError,
+    InvalidRequestError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+)
+
+from ... import AsyncAgent, AsyncChannel, RedisbusError
+from ... import Message as BusMessage
+from ._convert import TERMINAL, agent_message, refusal, state_of, task_of, text_of
+
+__all__ = ["BusRequestHandler"]
+
+log = logging.getLogger("redisbus.a2a")
+
+TASKS_CAP = 10_000  # tasks remembered per bridge process, oldest forgotten first
+
+
+@dataclass
+class _Task:
+    id: str  # the bus message id
+    context_id: str
+    caller: str
+    member: str
+    request: Message
+    cancelled: bool = False
+    reply: BusMessage | None = None
+    created: float = field(default_factory=time.monotonic)
+
+
+class _Caller:
+    """One authenticated caller's member handle; a lock serialises the calls on it."""
+
+    def __init__(self, agent: AsyncAgent) -> None:
+        self.agent = agent
+        self.lock = asyncio.Lock()
+
+
+class BusRequestHandler(RequestHandler):
+    """The A2A request handler of one channel; the member is the one the URL names
+    (``context.state["member"]``), the caller the one its token names (``context.user``)."""
+
+    def __init__(
+        self,
+        channel: AsyncChannel,
+        *,
+        replica: str,
+        send_wait_s: float = 30.0,
+        stream_wait_s: float = 600.0,
+    ) -> None:
+        self.channel = channel
+        self.replica = replica
+        self.send_wait_s = send_wait_s
+        self.stream_wait_s = stream_wait_s
+        self._callers: dict[str, _Caller] = {}
+        self._tasks: OrderedDict[str, _Task] = OrderedDict()
+        self._join_lock = asyncio.Lock()
+
+    # -- who and what -------------------------------------------------------------------
+    async def caller(self, context: ServerCallContext) -> _Caller:
+        if not context.user.is_authenticated:  # the app answers 401 before; never guess a name
+            raise InvalidRequestError("unauthenticated: a bearer token is required")
+        name = context.user.user_name
+        got = self._callers.get(name)
+        if got is None:
+            async with self._join_lock:
+                got = self._callers.get(name)
+                if got is None:
+                    try:
+                        agent = await self.channel.join(name, replica=self.replica)
+                    except RedisbusError as e:
+                        raise refusal(e) from e
+                    got = self._callers[name] = _Caller(agent)
+        return got
+
+    async def member(self, context: ServerCallContext) -> str:
+        name = str(context.state.get("member", ""))
+        if name not in await self.channel.members():
+            raise InvalidParamsError(
+                f"unknown_agent: no member {name!r} on channel {self.channel.name!r}",
+                data={"reason": "unknown_agent"},
+            )
+        return name
+
+    def _task(self, task_id: str, context: ServerCallContext) -> _Task:
+        t = self._tasks.get(task_id)
+        # another caller's task, or one of another member, does not exist for this caller
+        if (
+            t is None
+            or t.caller != context.user.user_name
+            or t.member != context.state.get("member")
+        ):
+            raise TaskNotFoundError(f"no task {task_id!r}")
+        return t
+
+    # -- sending ------------------------------------------------------------------------
+    async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> _Task:
+        member = await self.member(context)
+        who = await self.caller(context)
+        msg = params.message
+        body = text_of(msg.parts)
+        reply_to = None
+        if msg.task_id:  # a follow-up in a task: a reply to that task's message, on the bus
+            reply_to = self._task(msg.task_id, context).id
+        # optional bus fields a caller may set in the message's metadata
+        subject = str(msg.metadata["subject"]) if "subject" in msg.metadata else ""
+        ttl_s = msg.metadata["ttl_s"] if "ttl_s" in msg.metadata else None  # noqa: SIM401 - a protobuf Struct has no .get()
+        try:
+            async with who.lock:
+                r = await who.agent.send(
+                    member, body, subject=subject, type="request", reply_to=reply_to, ttl_s=ttl_s
+                )
+        except RedisbusError as e:
+            raise refusal(e) from e
+        t = _Task(
+            id=str(r.id),
+            context_id=msg.context_id or str(uuid.uuid4()),
+            caller=who.agent.name,
+            member=member,
+            request=msg,
+        )
+        t.request.task_id, t.request.context_id = t.id, t.context_id
+        self._tasks[t.id] = t
+        while len(self._tasks) > TASKS_CAP:
+            self._tasks.popitem(last=False)
+        return t
+
+    async def snapshot(self, t: _Task) -> Task:
+        """The task as its receipt (and the member's reply) show it now."""
+        who = self._callers[t.caller]
+        async with who.lock:
+            receipts = await who.agent.receipt(t.id)
+        r = next((x for x in receipts if x.to == t.member), None)
+        state = state_of(r, t.cancelled)
+        status_msg: Message | None = None
+        reply_text: str | None = None
+        if state == TaskState.TASK_STATE_COMPLETED:
+            reply = t.reply or await self._find_reply(t)
+            reply_text = reply.body if reply else (r.result if r and r.result else "")
+            status_msg = agent_message(
+                reply_text,
+                task_id=t.id,
+                context_id=t.context_id,
+                redisbus_id=reply.id if reply else None,
+                redisbus_from=t.member,
+            )
+        elif state == TaskState.TASK_STATE_FAILED and r is not None:
+            reason = f"{r.error.code}: {r.error}" if r.error else f"{r.status}: {r.result or ''}"
+            status_msg = agent_message(
+                reason.strip(), task_id=t.id, context_id=t.context_id, reason=r.status
+            )
+        history = [t.request] + ([status_msg] if status_msg is not None else [])
+        return task_of(t.id, t.context_id, state, status_msg, history, reply_text)
+
+    async def _find_reply(self, t: _Task) -> BusMessage | None:
+        who = self._callers[t.caller]
+        async with who.lock:
+            got = await who.agent.list(
+                filter_by=f"from:{t.member} to:me", since=t.id, limit=1000, preview_chars=None
+            )
+            reply = next((m for m in got if m.reply_to == t.id), None)
+            if reply is not None:
+                # handed to the A2A caller through the task: done on the bus, so the
+                # caller's inbox does not fill up with replies nobody else reads
+                await who.agent.mark_done(reply.id, result="a2a task completed")
+                t.reply = reply
+        return reply
+
+    async def _settled(self, t: _Task, wait_s: float) -> Task:
+        deadline = time.monotonic() + wait_s
+        pause = 0.02
+        while True:
+            task = await self.snapshot(t)
+            if task.status.state in TERMINAL or time.monotonic() >= deadline:
+                return task
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+
+    async def _follow(self, t: _Task) -> AsyncGenerator[Task | TaskStatusUpdateEvent]:
+        task = await self.snapshot(t)
+        yield task
+        state = task.status.state
+        deadline = time.monotonic() + self.stream_wait_s
+        pause = 0.02
+        while state not in TERMINAL and time.monotonic() < deadline:
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 0.5)
+            task = await self.snapshot(t)
+            if task.status.state != state:
+                state = task.status.state
+                pause = 0.02
+                yield TaskStatusUpdateEvent(
+                    task_id=t.id, context_id=t.context_id, status=task.status
+                )
+
+    # -- the A2A methods ----------------------------------------------------------------
+    async def on_message_send(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> Task | Message:
+        t = await self._send(params, context)
+        wait_s = 0.0 if params.configuration.return_immediately else self.send_wait_s
+        return await self._settled(t, wait_s)
+
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any]:
+        t = await self._send(params, context)
+        async for event in self._follow(t):
+            yield event
+
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Any]:
+        t = self._task(params.id, context)
+        async for event in self._follow(t):
+            yield event
+
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        return await self.snapshot(self._task(params.id, context))
+
+    async def on_list_tasks(
+        self, params: ListTasksRequest, context: ServerCallContext
+    ) -> ListTasksResponse:
+        mine = [
+            t
+            for t in reversed(self._tasks.values())
+            if t.caller == context.user.user_name and t.member == context.state.get("member")
+        ]
+        size = params.page_size or 50
+        tasks = [await self.snapshot(t) for t in mine[:size]]
+        return ListTasksResponse(tasks=tasks, page_size=size, total_size=len(mine))
+
+    async def on_cancel_task(
+        self, params: CancelTaskRequest, context: ServerCallContext
+    ) -> Task | None:
+        """A bus message cannot be unsent: the member is told with a follow-up (``reply_to``
+        the task, subject ``cancel``) and the task shows cancelled from then on."""
+        t = self._task(params.id, context)
+        task = await self.snapshot(t)
+        if task.status.state in TERMINAL:
+            raise TaskNotCancelableError(
+                f"task {t.id} is already {TaskState.Name(task.status.state)}"
+            )
+        who = self._callers[t.caller]
+        try:
+            async with who.lock:
+                await who.agent.send(
+                    t.member,
+                    "The caller cancelled this request; stop working on it.",
+                    subject="cancel",
+                    reply_to=t.id,
+                )
+        except RedisbusError as e:
+            raise refusal(e) from e
+        t.cancelled = True
+        return await self.snapshot(t)
+
+    # -- not offered --------------------------------------------------------------------
+    async def on_create_task_push_notification_config(
+        self, params: TaskPushNotificationConfig, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError
+
+    async def on_get_task_push_notification_config(
+        self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError
+
+    async def on_list_task_push_notification_configs(
+        self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
+    ) -> ListTaskPushNotificationConfigsResponse:
+        raise PushNotificationNotSupportedError
+
+    async def on_delete_task_push_notification_config(
+        self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> None:
+        raise PushNotificationNotSupportedError
+
+    async def on_get_extended_agent_card(
+        self, params: GetExtendedAgentCardRequest, context: ServerCallContext
+    ) -> AgentCard:
+        raise ExtendedAgentCardNotConfiguredError

@@ -1,0 +1,201 @@
+"""Outbound: an external A2A agent joins a channel as a member.
+
+The bridge fetches the agent's card from its URL, joins a member under the card's name (its
+description and skills become the member's card), and serves that member: each message to it
+is sent to the agent through the a2a-sdk client, and the agent's answer comes back on the bus
+as a message from the member with ``reply_to`` set; then the original is marked done. The
+answer goes through the ordinary send path, so every limit of the channel applies to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+from a2a.client.client import Client
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    GetTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    Task,
+    TaskState,
+)
+
+from ... import AsyncAgent, AsyncChannel, LimitExceeded, RedisbusError
+from ... import Message as BusMessage
+from ._convert import TERMINAL, external_name
+
+__all__ = ["External", "Forwarder", "answer_text", "fetch_card"]
+
+log = logging.getLogger("redisbus.a2a")
+
+TASK_WAIT_S = 300.0  # how long an external task may run before the sender is told it gave up
+REPLY_RETRIES = 3  # a reply refused by a rate limit is retried after retry_after_s
+
+
+@dataclass(frozen=True)
+class External:
+    """An external A2A agent to add: its base URL (the card is at the well-known path below
+    it), the member name (default: from the card), its parent, extra HTTP headers."""
+
+    url: str
+    name: str | None = None
+    parent: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+async def fetch_card(http: httpx.AsyncClient, url: str) -> AgentCard:
+    return await A2ACardResolver(http, url).get_agent_card()
+
+
+def answer_text(result: Task | Message) -> tuple[bool, str]:
+    """(ok, text) from what an A2A agent returned: a message, or a finished task's status
+    message and artifacts."""
+    if isinstance(result, Message):
+        return True, "\n".join(p.text for p in result.parts if p.text)
+    texts = [p.text for a in result.artifacts for p in a.parts if p.text]
+    status = "\n".join(p.text for p in result.status.message.parts if p.text)
+    ok = result.status.state == TaskState.TASK_STATE_COMPLETED
+    if not ok:
+        name = TaskState.Name(result.status.state).removeprefix("TASK_STATE_").lower()
+        return False, f"the A2A agent's task ended {name}" + (f": {status}" if status else "")
+    return True, "\n".join(texts) if texts else status
+
+
+class _Served:
+    def __init__(self, agent: AsyncAgent, client: Client, card: AgentCard) -> None:
+        self.agent, self.client, self.card = agent, client, card
+        self.contexts: dict[str, str] = {}  # bus sender -> A2A context id (one conversation)
+
+
+class Forwarder:
+    """Serves the members that stand for external A2A agents on one channel."""
+
+    def __init__(self, channel: AsyncChannel, *, replica: str, poll_s: float = 1.0) -> None:
+        self.channel, self.replica, self.poll_s = channel, replica, poll_s
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+        self._stop = asyncio.Event()
+        self._runs: list[asyncio.Task[None]] = []
+        self._clients: list[httpx.AsyncClient] = []
+
+    async def add(self, ext: External) -> AsyncAgent:
+        """Fetch the card, join its member, start forwarding. Returns the member handle."""
+        http = self._http
+        if ext.headers:
+            http = httpx.AsyncClient(headers=dict(ext.headers), timeout=self._http.timeout)
+            self._clients.append(http)
+        card = await fetch_card(http, ext.url)
+        skills = [external_name(s.name or s.id) for s in card.skills][:32]
+        agent = await self.channel.join(
+            ext.name or external_name(card.name),
+            parent=ext.parent,
+            replica=self.replica,
+            description=(card.description or card.name)[:2000],
+            skills=skills,
+        )
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
+        served = _Served(agent, client, card)
+        self._runs.append(asyncio.create_task(self._serve(served)))
+        log.info("redisbus a2a: %s on %s is the A2A agent at %s", agent.name, self.channel, ext.url)
+        return agent
+
+    async def _serve(self, s: _Served) -> None:
+        while not self._stop.is_set():
+            try:
+                res = await s.agent.wait(self.poll_s, status="idle")
+            except RedisbusError:
+                log.exception("redisbus a2a: waiting for %s's messages failed", s.agent.name)
+                await asyncio.sleep(self.poll_s)
+                continue
+            if res.kind == "cancelled":
+                return
+            for m in res.messages:
+                try:
+                    if m.type in ("control", "outcome"):
+                        await s.agent.mark_done(m, result="not forwarded")
+                    else:
+                        await self._forward(s, m)
+                except Exception:  # left pending: redelivered after its lease
+                    log.exception("redisbus a2a: forwarding %s to %s failed", m.id, s.agent.name)
+
+    async def _forward(self, s: _Served, m: BusMessage) -> None:
+        ctx = s.contexts.setdefault(m.sender, str(uuid.uuid4()))
+        request = Message(
+            message_id=str(uuid.uuid4()),
+            role=Role.ROLE_USER,
+            context_id=ctx,
+            parts=[Part(text=m.body)],
+        )
+        request.metadata.update(
+            {"redisbus_from": m.sender, "redisbus_id": m.id, "redisbus_channel": m.channel}
+        )
+        try:
+            ok, text = await self._ask(s.client, request)
+        except Exception as e:  # an unreachable or broken agent: the sender hears of it
+            log.warning("redisbus a2a: %s failed on %s: %s", s.agent.name, m.id, e)
+            ok, text = False, f"the A2A agent could not be reached: {type(e).__name__}: {e}"
+        reply_type = "response" if ok else "status_update"
+        sent = await self._reply(s.agent, m, text or "(empty answer)", reply_type)
+        outcome = ("replied" if ok else "failed") if sent else "reply refused"
+        await s.agent.mark_done(m, result=outcome)
+
+    async def _ask(self, client: Client, request: Message) -> tuple[bool, str]:
+        result: Task | Message | None = None
+        async for event in client.send_message(SendMessageRequest(message=request)):
+            if event.HasField("message"):
+                result = event.message
+            elif event.HasField("task"):
+                result = event.task
+            elif event.HasField("status_update") and isinstance(result, Task):
+                result.status.CopyFrom(event.status_update.status)
+        if result is None:
+            return False, "the A2A agent answered nothing"
+        deadline = time.monotonic() + TASK_WAIT_S
+        pause = 0.05
+        while isinstance(result, Task) and result.status.state not in TERMINAL:
+            if result.status.state in (
+                TaskState.TASK_STATE_INPUT_REQUIRED,
+                TaskState.TASK_STATE_AUTH_REQUIRED,
+            ):
+                break
+            if time.monotonic() > deadline:
+                return False, f"the A2A agent's task {result.id} did not finish in time"
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            result = await client.get_task(GetTaskRequest(id=result.id))
+        return answer_text(result)
+
+    async def _reply(self, agent: AsyncAgent, m: BusMessage, text: str, type: str) -> bool:
+        for attempt in range(REPLY_RETRIES + 1):
+            try:
+                await agent.send(m.sender, text, subject=m.subject, type=type, reply_to=m.id)
+                return True
+            except LimitExceeded as e:
+                if e.retry_after_s is None or attempt == REPLY_RETRIES:
+                    log.warning("redisbus a2a: reply of %s to %s refused: %s", agent.name, m.id, e)
+                    return False
+                await asyncio.sleep(min(e.retry_after_s, 5.0))
+            except RedisbusError as e:
+                log.warning("redisbus a2a: reply of %s to %s refused: %s", agent.name, m.id, e)
+                return False
+        return False
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        for run in self._runs:
+            run.cancel()
+        for run in self._runs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await run
+        for http in [self._http, *self._clients]:
+            await http.aclose()
