@@ -8,6 +8,7 @@ Every test runs against real Redis servers (7 and 6.2) and the in-memory double,
 from __future__ import annotations
 
 import inspect
+import subprocess
 import threading
 import time
 from typing import Any
@@ -162,6 +163,36 @@ def test_agents_of_a_closed_bus_or_handle_are_never_reported_lost(
     assert alice.wait(timeout=0.2).kind == "timeout"  # no "lost" outcome from bob or dave
     bob = again.join("bob")
     assert [(m.sender, m.body) for m in bob.wait(timeout=1).messages] == [("alice", "hi")]
+
+
+def test_agents_joined_from_the_cli_are_never_reported_lost(redis_url: str) -> None:
+    # given alice and bob joined by `redisbus join` (each process exits at once), with
+    # leases far shorter than the test
+    from redisbus import Bus
+    from tests.conftest import settings
+    from tests.test_cli import BIN, clean_env
+
+    env = clean_env(
+        redis_url, REDISBUS_AGENT_LEASE_S="0.3", REDISBUS_LEASE_S="0.3", REDISBUS_HEARTBEAT_S="0.05"
+    )
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [BIN, *args], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+
+    for name in ("alice", "bob"):
+        assert cli("join", "c", "--as", name).returncode == 0
+    # when an agent that heartbeats is on the channel for several leases
+    with Bus.from_url(redis_url, settings=settings(**BEAT)) as bus:
+        ch = bus.channel("c")
+        ch.join("carol")
+        time.sleep(4 * BEAT["agent_lease_s"])
+        statuses = {m.name: m.status for m in ch.tree()}
+    # then neither is lost, and alice can still reach bob
+    assert statuses == dict.fromkeys(["alice", "bob", "carol"], "running")
+    sent = cli("send", "c", "bob", "hi", "--as", "alice")
+    assert sent.returncode == 0, sent.stderr
 
 
 # -- 5: rate bookkeeping follows the active pairs ----------------------------------------------
