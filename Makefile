@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PY) is older than 3.11"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade 'pip>=25.1'
-	$(BIN)/pip install -q -e '.[testing,mcp,hermes,a2a,console]' --group dev
+	$(BIN)/pip install -q -e '.[testing,mcp,hermes,a2a,console,otel]' --group dev
 	@touch $(STAMP)
 
 demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS_URL is set)

@@ -69,10 +69,12 @@ def available() -> str | None:
     return None
 
 
-def _bus(ctx: Ctx) -> Any:
-    from redisbus import Bus
+def _bus(ctx: Ctx, signing: dict[str, Any] | None = None) -> Any:
+    from redisbus import Bus, BusSettings
 
-    return Bus.from_url(ctx.url)
+    if signing is None:
+        return Bus.from_url(ctx.url)
+    return Bus.from_url(ctx.url, settings=BusSettings(**signing))
 
 
 async def _abus(ctx: Ctx) -> Any:
@@ -82,8 +84,8 @@ async def _abus(ctx: Ctx) -> Any:
 
 
 @contextmanager
-def opened(ctx: Ctx) -> Iterator[Any]:
-    bus = _bus(ctx)
+def opened(ctx: Ctx, signing: dict[str, Any] | None = None) -> Iterator[Any]:
+    bus = _bus(ctx, signing)
     try:
         yield bus
     finally:
@@ -101,10 +103,10 @@ def check(receipt: Any) -> None:
 # --- send(): sequential and batched -----------------------------------------------------------
 
 
-def bus_send_seq(ctx: Ctx) -> Metrics:
+def bus_send_seq(ctx: Ctx, signing: dict[str, Any] | None = None) -> Metrics:
     """One sync agent, one ``send()`` at a time, to one recipient."""
     n = ctx.size(2_000, 10_000)
-    with opened(ctx) as bus:
+    with opened(ctx, signing) as bus:
         ch = bus.channel(ctx.name("send"), **LIMITS)
         alice = ch.join("alice")
         ch.join("bob")
@@ -153,10 +155,21 @@ def bus_send_many(ctx: Ctx, batch: int = 100) -> Metrics:
 # --- wake-up latency: send() in another process -> wait() -----------------------------------
 
 
-def _bus_sender(url: str, channel: str, n: int, rate: float, ready: Event, go: Event) -> None:
-    from redisbus import Bus
+def _bus_sender(
+    url: str,
+    channel: str,
+    n: int,
+    rate: float,
+    ready: Event,
+    go: Event,
+    signing: dict[str, Any] | None = None,
+) -> None:
+    from bench.otel import apply
 
-    bus = Bus.from_url(url)
+    apply()  # the tracing setup of the process that spawned this one (bench/otel.py)
+    from redisbus import Bus, BusSettings
+
+    bus = Bus.from_url(url, settings=BusSettings(**(signing or {})))
     try:
         sender = bus.channel(channel, **LIMITS).join("sender")
         settle_heap()
@@ -169,16 +182,18 @@ def _bus_sender(url: str, channel: str, n: int, rate: float, ready: Event, go: E
         bus.close()
 
 
-def bus_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
+def bus_wait_wakeup(
+    ctx: Ctx, rate: float = 1_000.0, signing: dict[str, Any] | None = None
+) -> Metrics:
     """Sender process paces ``send()`` at ``rate``/s; this process loops ``wait()`` +
     ``mark_done()``. Latency = wall clock when ``wait()`` returned - stamp in the body."""
     n = wakeup_count(ctx)
     name = ctx.name("wake")
-    with opened(ctx) as bus:
+    with opened(ctx, signing) as bus:
         receiver = bus.channel(name, **LIMITS).join("receiver")
         spawn = mp.get_context("spawn")
         ready, go = spawn.Event(), spawn.Event()
-        proc = spawn.Process(target=_bus_sender, args=(ctx.url, name, n, rate, ready, go))
+        proc = spawn.Process(target=_bus_sender, args=(ctx.url, name, n, rate, ready, go, signing))
         proc.start()
         lat: list[int] = []
         try:
@@ -200,6 +215,50 @@ def bus_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
     if proc.exitcode not in (0, None):
         raise RuntimeError(f"sender process exited with {proc.exitcode}")
     return wakeup_metrics(lat, n)
+
+
+# --- signing: the same send and wake-up, signed ---------------------------------------------
+
+_KEYS: dict[str, dict[str, Any]] = {}
+
+
+def signing_settings(mode: str) -> dict[str, Any]:
+    """BusSettings keywords of a signing mode: "hmac" (a shared key) or "ed25519" (one host
+    key, trusted for every channel and agent name), made once per process run."""
+    if mode == "hmac":
+        return {"signing_keys": {"bench": "bench-fleet-secret"}}
+    if mode not in _KEYS:
+        import json
+        import tempfile
+        from pathlib import Path
+
+        from redisbus._trust import generate_key
+
+        tmp = Path(tempfile.mkdtemp(prefix="redisbus-bench-keys-"))
+        public = generate_key(str(tmp / "host.pem"))
+        trust = {"keys": {"bench": {"public": public, "channels": ["*"], "agents": ["*"]}}}
+        (tmp / "trust.json").write_text(json.dumps(trust))
+        _KEYS[mode] = {
+            "signing_key_file": str(tmp / "host.pem"),
+            "trust_file": str(tmp / "trust.json"),
+        }
+    return _KEYS[mode]
+
+
+def bus_send_seq_hmac(ctx: Ctx) -> Metrics:
+    return bus_send_seq(ctx, signing_settings("hmac"))
+
+
+def bus_send_seq_ed25519(ctx: Ctx) -> Metrics:
+    return bus_send_seq(ctx, signing_settings("ed25519"))
+
+
+def bus_wait_wakeup_hmac(ctx: Ctx) -> Metrics:
+    return bus_wait_wakeup(ctx, signing=signing_settings("hmac"))
+
+
+def bus_wait_wakeup_ed25519(ctx: Ctx) -> Metrics:
+    return bus_wait_wakeup(ctx, signing=signing_settings("ed25519"))
 
 
 # --- async -------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from bench import baselines as b
 from bench import cases as c
 from bench.common import Ctx, Metrics
+from bench.otel import isolated
 from bench.report import Metric, Target
 
 Measure = Callable[[Ctx], Metrics]
@@ -65,6 +66,28 @@ FIGURES: tuple[Figure, ...] = (
             Target("p99_us", "max", 2000, "≤ 2,000 µs"),
             Target("missed", "max", 0, "none"),
         ),
+    ),
+    Figure(
+        "signing-send",
+        "send() signed with a per-host Ed25519 key (signing off as baseline)",
+        c.bus_send_seq_ed25519,
+        (THROUGHPUT, P50, TRIPS),
+        baseline=("send(), signing off", c.bus_send_seq),
+        baseline_is_bus=True,
+        refs=(("send(), shared HMAC", c.bus_send_seq_hmac),),
+        note="signing is on the sender's side: one signature per send, no extra round trip",
+    ),
+    Figure(
+        "signing-wakeup",
+        "wake-up at 1k msg/s, verified with Ed25519 (signing off as baseline)",
+        c.bus_wait_wakeup_ed25519,
+        (P50, P99, MISSED),
+        baseline=("wake-up, signing off", c.bus_wait_wakeup),
+        baseline_is_bus=True,
+        refs=(("wake-up, shared HMAC", c.bus_wait_wakeup_hmac),),
+        targets=(Target("missed", "max", 0, "none"),),
+        note="verification runs on the receiver after the fetch; the replay check rides on "
+        "the settle script call already in the fetch's pipeline (no extra round trip)",
     ),
     Figure(
         "async",
@@ -154,6 +177,40 @@ FIGURES: tuple[Figure, ...] = (
             Target("msgs_per_s", "ratio_min", 1.0, "faster (> 1x)"),
             Target("missed", "max", 0, "none"),
         ),
+    ),
+)
+
+OTEL_NOTE = (
+    "Each side in a fresh process: opentelemetry not importable (the extra absent) as the "
+    "baseline, the API without an SDK as redisbus, and an SDK with a BatchSpanProcessor and "
+    "an exporter that drops the spans as the reference."
+)
+
+FIGURES += (
+    Figure(
+        "otel_send",
+        "send() with tracing: extra absent / API, no SDK / SDK configured",
+        isolated("api", c.bus_send_seq),
+        (THROUGHPUT, P50),
+        baseline=("opentelemetry absent", isolated("off", c.bus_send_seq)),
+        baseline_is_bus=True,
+        refs=(("SDK, BatchSpanProcessor", isolated("sdk", c.bus_send_seq)),),
+        targets=(Target("msgs_per_s", "ratio_min", 0.95, "API only ≥ 0.95x absent"),),
+        note=OTEL_NOTE,
+    ),
+    Figure(
+        "otel_wakeup",
+        "send → wait() wake-up with tracing: extra absent / API, no SDK / SDK configured",
+        isolated("api", c.bus_wait_wakeup),
+        (P50, P99, MISSED),
+        baseline=("opentelemetry absent", isolated("off", c.bus_wait_wakeup)),
+        baseline_is_bus=True,
+        refs=(("SDK, BatchSpanProcessor", isolated("sdk", c.bus_wait_wakeup)),),
+        targets=(
+            Target("p50_us", "ratio_max", 1.05, "API only ≤ 1.05x absent"),
+            Target("missed", "max", 0, "none"),
+        ),
+        note=OTEL_NOTE,
     ),
 )
 

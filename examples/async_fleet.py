@@ -17,10 +17,9 @@ N = 100
 
 
 async def main(url: str) -> None:
-    # A waiting agent holds one connection while it blocks, and redis-py's async pool holds
-    # 100 by default: give a fleet of N room for its waits and its sends (a URL option).
-    pooled = f"{url}{'&' if '?' in url else '?'}max_connections={2 * N + 10}"
-    async with AsyncBus.from_url(pooled) as bus:
+    # each waiting agent holds a connection while it blocks: the bus's pool has room for
+    # BusSettings.max_connections (2000 by default) of them
+    async with AsyncBus.from_url(url) as bus:
         ch = await bus.channel(f"example-fleet-{uuid.uuid4().hex[:6]}")
         agents = [await ch.join(f"agent-{i:03d}") for i in range(N)]
         t0 = time.perf_counter()

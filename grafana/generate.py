@@ -205,6 +205,17 @@ def panels() -> list[Panel]:
             stack=True,
         ),
         timeseries(
+            "Messages rejected by receivers",
+            "Entries a receiver refused per second, by reason: unsigned, bad_signature, "
+            "untrusted_key, revoked, not_allowed (a key used for a name or channel it may not "
+            "speak for), misaddressed (a redirected copy), stale (signing time out of the "
+            "window), replay. Any of these in a fleet whose hosts all sign is an attack or a "
+            f"misconfigured host. {client_note}",
+            [target(f"sum by (reason) ({rate('redisbus_messages_rejected_total')})", "{{reason}}")],
+            "cps",
+            stack=True,
+        ),
+        timeseries(
             "Refused share of sends",
             "Refusals (per recipient) as a share of refusals plus sent messages: roughly the "
             "share of send attempts refused. RedisbusRefusalRateHigh fires "

@@ -14,6 +14,7 @@ enforced atomically in Lua, crash recovery, and Prometheus metrics of delivery l
 
 from ._errors import (
     AgentClosed,
+    AskTimeout,
     BudgetExceeded,
     BusConnectionError,
     ChainTooDeep,
@@ -24,6 +25,7 @@ from ._errors import (
     InvalidInput,
     LimitExceeded,
     LoopRefused,
+    MessageRejected,
     NotPermitted,
     RateLimited,
     RecipientClosed,
@@ -40,6 +42,7 @@ from .bus import Agent, Bus, Channel
 __all__ = [
     "Agent",
     "AgentClosed",
+    "AskTimeout",
     "AsyncAgent",
     "AsyncBus",
     "AsyncChannel",
@@ -58,6 +61,7 @@ __all__ = [
     "LoopRefused",
     "Member",
     "Message",
+    "MessageRejected",
     "NotPermitted",
     "RateLimited",
     "Receipt",

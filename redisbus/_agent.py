@@ -10,6 +10,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from . import _core as core
+from . import _otel as otel
 from ._errors import InvalidInput
 from ._filters import check_entry_id
 from ._model import Message, Receipt, WaitResult, id_ms
@@ -67,6 +68,7 @@ class AgentState:
         self._last_claim = float("-inf")
         self._pel_dirty = False  # read()/mark_done() fetched entries wait() has not returned
         self.slots: Any = None
+        self._wait_ns: int | None = None  # when the current wait() began (for its span)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.channel.name!r}>"
@@ -130,12 +132,13 @@ class AgentState:
     def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
         if not self._deferred:
             return []
-        k = self._keys
-        return [("settle", [k.stream, k.inbox, k.marks, k.status], [self.name, *self._deferred])]
+        return [("settle", self._keys.settle, [self.name, *self._deferred])]
 
     def _result(self, msgs: builtins.list[Message], *, running: bool = False) -> WaitResult:
         if not running:  # (a fetch's "n" op already set it when it returned messages)
             self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
+        if otel.on:
+            otel.received(self.channel.name, self.name, msgs, self._wait_ns, "wait")
         kind = core.wait_kind(self.name, msgs)
         if kind == "cancelled":
             self._cancelled = True
@@ -170,12 +173,9 @@ class AgentState:
                 continue
             if own and entry_id in self._handed:
                 continue  # this handle already returned it
-            ok = core.verdict(signer, unsigned, channel, f)
-            if ok is False and unsigned == "reject":
-                deferred += ["a", entry_id]  # forged or unsigned: never handed over
-                log.warning(
-                    "redisbus: dropped message %s to %s: bad or missing signature", entry_id, name
-                )
+            ok, reason = core.verdict(signer, unsigned, channel, entry_id, f, name, self.id)
+            if reason:
+                self._reject(entry_id, reason)
                 continue
             if not redelivered:
                 metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
@@ -193,6 +193,18 @@ class AgentState:
             if redelivered:
                 metrics.redelivered(len(out))
         return out
+
+    def _replay_keep(self) -> int:
+        """How long the server remembers signatures' nonces (ms); 0: signing off."""
+        signer = self._bus._signer
+        return signer.replay_keep_ms if signer.enabled else 0
+
+    def _reject(self, entry_id: str, reason: str) -> None:
+        """An entry for this agent that failed a check: never handed over; settle.lua acks it,
+        counts the inbox down and marks it rejected with the next call."""
+        self._deferred += [f"j:{reason}", entry_id]
+        self._bus.metrics.message_rejected(reason)
+        log.warning("redisbus: rejected message %s to %s: %s", entry_id, self.name, reason)
 
     def _sort(self, messages: builtins.list[Message], outcomes: builtins.list[Message]) -> None:
         for m in messages:

@@ -130,16 +130,16 @@ class Exit(Exception):
         self.status = status
 
 
+def given(**options: Any) -> dict[str, Any]:
+    """The options given on the command line (or by their variable), for a settings class:
+    the rest stay the settings' own (environment, then defaults). Empty text is not given."""
+    return {k: v for k, v in options.items() if v is not None and v is not False and v != ""}
+
+
 def settings_for(url: str | None, prefix: str | None = None, cluster: bool = False) -> BusSettings:
     """BusSettings from the environment, with the options given on the command line on top."""
-    kw: dict[str, Any] = {"metrics": False}  # a one-shot command has nobody scraping it
-    if url:
-        kw["url"] = url
-    if prefix:
-        kw["prefix"] = prefix
-    if cluster:
-        kw["cluster"] = True
-    return BusSettings(**kw)
+    # a one-shot command has nobody scraping it
+    return BusSettings(metrics=False, **given(url=url, prefix=prefix, cluster=cluster))
 
 
 @contextmanager

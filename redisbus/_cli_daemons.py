@@ -2,20 +2,25 @@
 
 They share the rest of the CLI's parser, help style, ``REDISBUS_*`` variables and exit
 statuses (0 ok, 1 failed, 2 bad input, 3 no Redis); errors go to stderr as one line.
-``python -m redisbus.exporter`` and ``python -m redisbus.janitor`` run the same commands.
+``python -m redisbus.exporter`` and ``python -m redisbus.janitor`` run the same commands
+(through ``_cli_run``).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
-from typing import Annotated, Any
+import threading
+from typing import Annotated
 
 import typer
 
-from ._cli_base import ClusterOpt, Exit, PrefixOpt, app
+from ._cli_base import ClusterOpt, Exit, PrefixOpt, app, given, settings_for
+from .bus import Bus
+from .janitor import run, sweep_all
 
-__all__ = ["exporter", "janitor", "run_command"]
+__all__ = ["exporter", "janitor"]
 
 LogLevelOpt = Annotated[
     str,
@@ -45,12 +50,6 @@ def _logging(level: str) -> None:
     logging.basicConfig(
         level=name, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-
-
-def _given(**options: Any) -> dict[str, Any]:
-    """The options given on the command line (or by their variable); the rest stay the
-    settings' own defaults."""
-    return {k: v for k, v in options.items() if v is not None and v is not False}
 
 
 @app.command()
@@ -140,11 +139,11 @@ def exporter(
     /healthz is liveness (the process), /readyz readiness (Redis answers). Runs until SIGTERM
     or Ctrl-C.
     """
-    from .exporter import ExporterSettings, serve
+    from .exporter import ExporterSettings, serve  # prometheus_client and the fleet reader: heavy
 
     _logging(log_level)
-    kw = _given(url=url, prefix=prefix, cluster=cluster)
-    kw |= _given(
+    kw = given(url=url, prefix=prefix, cluster=cluster)
+    kw |= given(
         exporter_port=port,
         exporter_addr=addr,
         exporter_top_n=top_n,
@@ -199,16 +198,13 @@ def janitor(
     Writes, so it runs as the agent hosts' Redis user (the exporter's is read-only). Several
     janitors may run at once. Runs until SIGTERM or Ctrl-C unless --once.
     """
-    from ._settings import BusSettings
-    from .bus import Bus
-    from .exporter import ExporterSettings
-    from .janitor import run, sweep_all
+    from .exporter import ExporterSettings  # heavy (prometheus_client): only for its default
 
     _logging(log_level)
     interval = interval_s if interval_s is not None else ExporterSettings().janitor_interval_s
     if interval <= 0 or batch <= 0:
         raise Exit("--interval-s and --batch must be positive", 2)
-    settings = BusSettings(metrics=False, **_given(url=url, prefix=prefix, cluster=cluster))
+    settings = settings_for(url, prefix, cluster)
     if not settings.url:
         raise Exit("set REDISBUS_URL (or --url): the janitor sweeps a shared Redis", 3)
     bus = Bus.from_settings(settings)
@@ -228,24 +224,8 @@ def janitor(
         bus.close()
 
 
-def _stop_on_signals() -> Any:
-    import signal
-    import threading
-
+def _stop_on_signals() -> threading.Event:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     return stop
-
-
-def run_command(name: str, argv: list[str] | None = None) -> int:
-    """Run ``redisbus NAME ARGV...`` and return its exit status (for ``python -m``)."""
-    from .cli import main
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        main([name, *args])
-    except SystemExit as e:
-        code = e.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0

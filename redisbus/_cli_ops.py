@@ -10,6 +10,7 @@ import time
 from typing import Annotated, Any
 
 import typer
+from rich.console import RenderableType
 from rich.progress import track
 from rich.table import Table
 from rich.text import Text
@@ -30,10 +31,11 @@ from ._cli_base import (
     raw_redis,
     write_json,
 )
-from ._cli_view import clock, member_tree, message_text, safe
+from ._cli_view import clock, member_tree, message_text, print_items, safe
 from ._core import message_from_fields
 from ._demo_script import DemoError
 from ._keys import ChannelKeys
+from ._model import DeadLetter
 from ._validate import channel_name
 from .bus import Channel
 from .demo import run_demo
@@ -233,21 +235,16 @@ def dlq_list(
     """The channel's dead letters, oldest first."""
     with connect(url, prefix, cluster) as bus:
         letters = _dlq_of(existing_channel(bus, channel)).dead_letters(limit=limit)
-        if as_json:
-            write_json([d.as_dict() for d in letters])
-            return
-        if not letters:
-            err.print("no dead letters")
-            return
-        for d in letters:
-            out.print(
-                Text.assemble(
-                    (f"{d.id}  ", "bold red"),
-                    f"for {safe(d.recipient)} after {d.deliveries} "
-                    f"deliveries ({safe(d.reason)}), dead at {clock(d.dead_at)}",
-                )
-            )
-            out.print(message_text(d.message))
+        print_items(letters, as_json, "no dead letters", _dead_letter_lines)
+
+
+def _dead_letter_lines(d: DeadLetter) -> list[RenderableType]:
+    head = Text.assemble(
+        (f"{d.id}  ", "bold red"),
+        f"for {safe(d.recipient)} after {d.deliveries} "
+        f"deliveries ({safe(d.reason)}), dead at {clock(d.dead_at)}",
+    )
+    return [head, message_text(d.message)]
 
 
 @dlq.command("replay")

@@ -40,9 +40,16 @@ from ._cli_base import (
     raw_redis,
     write_json,
 )
-from ._cli_view import message_text, print_messages, receipt_table, refusal_text, safe
+from ._cli_view import (
+    message_text,
+    print_items,
+    print_messages,
+    receipt_table,
+    refusal_text,
+    safe,
+)
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
-from ._model import Message, Receipt
+from ._model import Member, Message, Receipt
 from .bus import Agent, Bus, Channel
 
 # -- talking ----------------------------------------------------------------------------------
@@ -418,20 +425,17 @@ def discover(
     with connect(url, prefix, cluster) as bus:
         me = member_handle(existing_channel(bus, channel), agent, bus.settings)
         found = me.discover(query, limit=limit)
-        if as_json:
-            write_json([m.as_dict() for m in found])
-            return
-        if not found:
-            err.print("no match")
-        for m in found:
-            out.print(
-                Text.assemble(
-                    (safe(m.name), "bold"),
-                    f"  {m.relationship or ''}  ",
-                    (safe(", ".join(m.skills)), "cyan"),
-                    f"  {safe(m.description)}",
-                )
-            )
+        print_items(found, as_json, "no match", _card_lines)
+
+
+def _card_lines(m: Member) -> list[Text]:
+    card = Text.assemble(
+        (safe(m.name), "bold"),
+        f"  {m.relationship or ''}  ",
+        (safe(", ".join(m.skills)), "cyan"),
+        f"  {safe(m.description)}",
+    )
+    return [card]
 
 
 def _acting(ch: Channel, name: str, bus: Bus) -> Agent:

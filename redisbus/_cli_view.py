@@ -4,9 +4,11 @@ it is never parsed as markup, and control characters are shown, not obeyed."""
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol, TypeVar
 
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -84,15 +86,30 @@ def refusal_text(e: RedisbusError) -> str:
     return f"{e.code}: {e}"
 
 
-def print_messages(msgs: Sequence[Message], as_json: bool, *, show_read: bool) -> None:
+class _Shown(Protocol):
+    def as_dict(self) -> dict[str, object]: ...
+
+
+T = TypeVar("T", bound=_Shown)
+
+
+def print_items(
+    items: Sequence[T], as_json: bool, empty: str, lines: Callable[[T], Iterable[RenderableType]]
+) -> None:
+    """A listing command's output: with --json the items' ``as_dict()``, else each item's
+    lines, or ``empty`` on stderr when there is nothing."""
     if as_json:
-        write_json([m.as_dict() for m in msgs])
+        write_json([i.as_dict() for i in items])
         return
-    if not msgs:
-        err.print("no messages")
-        return
-    for m in msgs:
-        out.print(message_text(m, show_read=show_read))
+    if not items:
+        err.print(empty)
+    for item in items:
+        for line in lines(item):
+            out.print(line)
+
+
+def print_messages(msgs: Sequence[Message], as_json: bool, *, show_read: bool) -> None:
+    print_items(msgs, as_json, "no messages", lambda m: [message_text(m, show_read=show_read)])
 
 
 STATUS_STYLE = {

@@ -20,6 +20,7 @@ from ._channels import (
     plan_channel,
 )
 from ._errors import raise_if_refused, refusal
+from ._filters import id_before
 from ._messages import (
     ViewPlan,
     addressed_to,
@@ -64,6 +65,7 @@ __all__ = [
     "config_from_hash",
     "expired_at",
     "fields_from_flat",
+    "id_before",
     "members_from_hashes",
     "message_from_fields",
     "new_agent_id",

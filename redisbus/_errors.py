@@ -20,6 +20,9 @@
     ├── AgentClosed                            the agent failed, was cancelled or lost
     │   └── RecipientClosed                    ... and so cannot receive
     ├── ChannelPaused                          the channel refuses sends until resumed
+    ├── MessageRejected (.reason)              a receiver refused the entry (signature, key,
+    │                                          time, replay): on a receipt, never raised
+    ├── AskTimeout (also a TimeoutError)       ask(): no reply before the timeout (.request_id)
     └── BusConnectionError                     Redis unreachable after retries
 
 Every public call raises only these; Redis exceptions are wrapped with ``raise ... from``.
@@ -33,6 +36,7 @@ from typing import Any
 
 __all__ = [
     "AgentClosed",
+    "AskTimeout",
     "BudgetExceeded",
     "BusConnectionError",
     "ChainTooDeep",
@@ -43,6 +47,7 @@ __all__ = [
     "InvalidInput",
     "LimitExceeded",
     "LoopRefused",
+    "MessageRejected",
     "NotPermitted",
     "RateLimited",
     "RecipientClosed",
@@ -182,6 +187,28 @@ class RecipientClosed(AgentClosed):
 
 class ChannelPaused(RedisbusError):
     code = "channel_paused"
+
+
+class MessageRejected(RedisbusError):
+    """A receiver refused the entry: ``reason`` is one of ``_signing.REASONS`` (bad or
+    missing signature, untrusted, revoked or disallowed key, misaddressed, stale, replay)."""
+
+    code = "message_rejected"
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class AskTimeout(RedisbusError, TimeoutError):
+    """``ask()`` got no reply before its timeout. The request was sent (``request_id``); a
+    late reply is an ordinary message for a later ``wait()`` or ``read()``."""
+
+    code = "ask_timeout"
+
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class BusConnectionError(RedisbusError, ConnectionError):

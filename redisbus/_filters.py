@@ -116,6 +116,14 @@ def later_id(a: str | None, b: str | None) -> str | None:
     return a if _key(a) >= _key(b) else b
 
 
+def id_before(entry_id: str) -> str:
+    """The greatest entry id below ``entry_id``: an exclusive bound that starts at it."""
+    ms, _, seq = entry_id.partition("-")
+    if int(seq or 0) > 0:
+        return f"{ms}-{int(seq) - 1}"
+    return f"{int(ms) - 1}-18446744073709551615"
+
+
 def _key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)

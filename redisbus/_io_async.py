@@ -13,7 +13,7 @@ from redis import exceptions as rx
 
 from ._errors import BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
-from ._redis import AsyncLane, backoff_s, classify
+from ._redis import AsyncLane, backoff_s, classify, stream_entries
 from ._scripts import source
 from ._settings import BusSettings
 
@@ -154,6 +154,14 @@ class IO:
             return False
         return int(n) >= replicas
 
+    async def watch(
+        self, stream: str, after: str, block_ms: int
+    ) -> builtins.list[tuple[str, dict[str, str] | None]]:
+        """Entries after ``after`` (XREAD, blocking up to ``block_ms``), outside every consumer
+        group: looking changes no agent's state (``ask()`` watches for its reply this way)."""
+        res = await self.call(self.r.xread, {stream: after}, count=100, block=block_ms)
+        return stream_entries(res)
+
     async def fetch(
         self,
         keys: ChannelKeys,
@@ -163,13 +171,17 @@ class IO:
         block_ms: int | None,
         settle: builtins.list[str] | None,
         mark_after: str | None = None,
-    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
+        replay_keep_ms: int = 0,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
         with the deferred ``settle`` ops before it and the "n" op after it (see
         ``_io_sync.IO.fetch``): what the fetch returns is marked read before the reply comes
         back, and the op's reply carries the clock."""
-        settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
-        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
+        settle_keys = keys.settle
+        post = None
+        if mark_after is not None:
+            post = [group, "n", f"{mark_after}\n{consumer}\n{replay_keep_ms}"]
+        replayed: builtins.list[str] = []
         for _ in range(3):
             try:
                 if self.cluster:
@@ -184,7 +196,7 @@ class IO:
                         block=block_ms,
                     )
                     if post:
-                        await self.script("settle", settle_keys, post)
+                        replayed = (await self.script("settle", settle_keys, post))[3]
                     now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
                     sha = await self.load("settle") if settle or post else ""
@@ -193,19 +205,21 @@ class IO:
                     async def run(sha: str = sha) -> Any:
                         pipe = self.r.pipeline(transaction=False)
                         if settle:
-                            pipe.evalsha(sha, 4, *settle_keys, group, *settle)
+                            pipe.evalsha(sha, 6, *settle_keys, group, *settle)
                         pipe.xreadgroup(
                             group, consumer, {keys.stream: cursor}, count=500, block=block_ms
                         )
                         if post:  # it replies with the Redis clock too
-                            pipe.evalsha(sha, 4, *settle_keys, *post)
+                            pipe.evalsha(sha, 6, *settle_keys, *post)
                         else:
                             pipe.time()
                         return await pipe.execute()
 
                     out = await self.call(run)
                     res = out[1 if settle else 0]
-                    now = out[-1][1:] if post else out[-1]
+                    now = out[-1][1:3] if post else out[-1]
+                    if post:
+                        replayed = out[-1][3]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
@@ -214,4 +228,6 @@ class IO:
             raise RedisbusError("could not load scripts")
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
         entries = res[0][1] if res else []
-        return entries, now_ms
+        if replayed:  # settle.lua rejected them: never handed over
+            entries = [e for e in entries if e[0] not in set(replayed)]
+        return entries, now_ms, len(replayed)

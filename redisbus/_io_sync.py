@@ -13,7 +13,7 @@ from redis import exceptions as rx
 
 from ._errors import BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
-from ._redis import Lane, backoff_s, classify
+from ._redis import Lane, backoff_s, classify, stream_entries
 from ._scripts import source
 from ._settings import BusSettings
 
@@ -174,6 +174,16 @@ class IO:
             return False
         return int(n) >= replicas
 
+    def watch(
+        self, stream: str, after: str, block_ms: int
+    ) -> builtins.list[tuple[str, dict[str, str] | None]]:
+        """Entries after ``after`` (XREAD, blocking up to ``block_ms``), outside every consumer
+        group: looking changes no agent's state (``ask()`` watches for its reply this way)."""
+        command = ("XREAD", "COUNT", 100, "BLOCK", block_ms, "STREAMS", stream, after)
+        if self.cluster:
+            return stream_entries(self.call(self.r.execute_command, *command))
+        return stream_entries(self.call(self._on_lane, self.fetch_lane, [command])[0])
+
     def fetch(
         self,
         keys: ChannelKeys,
@@ -183,14 +193,18 @@ class IO:
         block_ms: int | None,
         settle: builtins.list[str] | None,
         mark_after: str | None = None,
-    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int]:
+        replay_keep_ms: int = 0,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
         with the deferred ``settle`` ops before it and, with ``mark_after`` (the last entry id
         this consumer fetched before), the "n" op right after it: what the fetch returns is
         marked read on the server before the reply comes back, and the op's reply carries the
         clock (else a TIME follows the read)."""
-        settle_keys = [keys.stream, keys.inbox, keys.marks, keys.status]
-        post = [group, "n", f"{mark_after}\n{consumer}"] if mark_after is not None else None
+        settle_keys = keys.settle
+        post = None
+        if mark_after is not None:
+            post = [group, "n", f"{mark_after}\n{consumer}\n{replay_keep_ms}"]
+        replayed: builtins.list[str] = []
         for _ in range(3):
             try:
                 if self.cluster:
@@ -205,31 +219,37 @@ class IO:
                         block=block_ms,
                     )
                     if post:
-                        self.script("settle", settle_keys, post)
+                        replayed = (self.script("settle", settle_keys, post))[3]
                     now = self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
                     sha = self.load("settle") if settle or post else ""
                     commands: builtins.list[tuple[Any, ...]] = []
                     if settle:
-                        commands.append(("EVALSHA", sha, 4, *settle_keys, group, *settle))
+                        commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
                     read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
                     if block_ms is not None:
                         read += ("BLOCK", block_ms)
                     commands.append((*read, "STREAMS", keys.stream, cursor))
                     if post:  # it replies with the Redis clock too
-                        commands.append(("EVALSHA", sha, 4, *settle_keys, *post))
+                        commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
                     else:
                         commands.append(("TIME",))
                     out = self.call(self._on_lane, self.fetch_lane, commands)
                     res = out[1 if settle else 0]
-                    now = out[-1][1:] if post else out[-1]
+                    now = out[-1][1:3] if post else out[-1]
+                    if post:
+                        replayed = out[-1][3]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
         else:
             raise RedisbusError("could not load scripts")
-        return _entries(res), int(now[0]) * 1000 + int(now[1]) // 1000
+        entries = stream_entries(res)
+        if replayed:  # settle.lua rejected them: never handed over
+            gone = set(replayed)
+            entries = [e for e in entries if e[0] not in gone]
+        return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed)
 
     def _on_lane(
         self, lane: Lane | None, commands: builtins.list[tuple[Any, ...]]
@@ -248,19 +268,3 @@ class IO:
             if isinstance(reply, rx.ResponseError):
                 raise reply
         return out  # type: ignore[no-any-return]
-
-
-def _entries(reply: Any) -> builtins.list[tuple[str, dict[str, str] | None]]:
-    """The entries of a one-stream XREADGROUP reply as (id, fields), whether raw (RESP2 list,
-    RESP3 map, flat field lists) or parsed by redis-py; fields are None for an entry deleted
-    while pending."""
-    if not reply:
-        return []
-    got = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
-    out = []
-    for entry_id, f in got:
-        if f and not isinstance(f, dict):
-            pairs = iter(f)
-            f = dict(zip(pairs, pairs, strict=True))
-        out.append((entry_id, f or None))
-    return out

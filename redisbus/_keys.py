@@ -16,6 +16,9 @@
 {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
 {prefix}:{<channel>}:lim     string: the limits and pause switch of meta, packed for send.lua
                              (a cache it fills; changing meta's limits or pause deletes it)
+{prefix}:{<channel>}:nonce   hash: "KID:NONCE" of a signed entry -> the first entry id carrying it
+{prefix}:{<channel>}:nonce:at  sorted set: the same pairs by when they were recorded (ms), so
+                             settle.lua forgets them after the replay horizon
 {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
 """
 
@@ -40,6 +43,8 @@ class ChannelKeys:
     dlq: str
     beat: str
     limits: str
+    nonces: str
+    nonce_at: str
 
     @classmethod
     def build(cls, prefix: str, channel: str) -> ChannelKeys:
@@ -59,7 +64,19 @@ class ChannelKeys:
             dlq=base + "dlq",
             beat=base + "beat",
             limits=base + "lim",
+            nonces=base + "nonce",
+            nonce_at=base + "nonce:at",
         )
+
+    @property
+    def view(self) -> list[str]:
+        """KEYS of view.lua."""
+        return [self.stream, self.inbox, self.marks, self.nonces, self.nonce_at]
+
+    @property
+    def settle(self) -> list[str]:
+        """KEYS of settle.lua."""
+        return [self.stream, self.inbox, self.marks, self.status, self.nonces, self.nonce_at]
 
 
 def registry_key(prefix: str) -> str:

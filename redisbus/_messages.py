@@ -124,13 +124,25 @@ def plan_view(
 
 
 def verdict(
-    signer: Signer | None, unsigned: str, channel: str, f: Mapping[str, str]
-) -> bool | None:
-    """None: signing off. True: verified. False: bad or missing signature, delivered flagged
-    (``unsigned="flag"``). Raises nothing; the caller drops the entry when ``reject``."""
+    signer: Signer | None,
+    unsigned: str,
+    channel: str,
+    entry_id: str,
+    f: Mapping[str, str],
+    me: str,
+    my_id: str = "",
+) -> tuple[bool | None, str]:
+    """(verified, reason) of an entry fetched by ``me``: (None, "") signing off; (True, "")
+    verified; (False, "") unsigned and delivered flagged (``unsigned="flag"``); (False,
+    reason) rejected: the caller never hands it over and records the reason."""
     if signer is None or not signer.enabled:
-        return None
-    return signer.verify(channel, f)
+        return None, ""
+    reason = signer.check(channel, entry_id, f, me, my_id)
+    if not reason:
+        return True, ""
+    if reason == "unsigned" and unsigned == "flag":
+        return False, ""
+    return False, reason
 
 
 def parse_view(
@@ -141,12 +153,18 @@ def parse_view(
     preview_chars: int | None,
     signer: Signer | None = None,
     unsigned: str = "reject",
+    agent_id: str = "",
+    rejected: list[tuple[str, str]] | None = None,
 ) -> list[Message]:
+    """The messages of a view reply; entries that fail the signature checks are left out, and
+    those addressed to ``agent`` are listed in ``rejected`` as (entry id, reason)."""
     out = []
     for entry_id, flat, mark in reply[3:]:
         f = fields_from_flat(flat)
-        ok = verdict(signer, unsigned, channel, f)
-        if ok is False and unsigned == "reject":
+        ok, reason = verdict(signer, unsigned, channel, entry_id, f, agent, agent_id)
+        if reason:
+            if rejected is not None and addressed_to(f, agent):
+                rejected.append((entry_id, reason))
             continue
         msg = message_from_fields(channel, entry_id, f, read=(mark != ""), verified=ok)
         if preview_chars is not None and len(msg.body) > preview_chars:

@@ -113,11 +113,14 @@ def client_options(settings: BusSettings, *, blocking: bool = False) -> dict[str
         "socket_timeout": settings.socket_timeout_s,
         "socket_connect_timeout": settings.connect_timeout_s,
         "health_check_interval": 30,
+        # redis-py's async pool refuses the 101st connection ("Too many connections"), and
+        # every async agent blocked in wait() holds one: size the pool for the fleet
+        "max_connections": settings.max_connections,
     }
     if settings.username:
         opts["username"] = settings.username
     if settings.password:
-        opts["password"] = settings.password
+        opts["password"] = settings.password.get_secret_value()
     return opts
 
 
@@ -535,3 +538,19 @@ class AsyncLane:
 
     async def close(self) -> None:
         await self._drop()
+
+
+def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
+    """The entries of a one-stream XREAD(GROUP) reply as (id, fields), whether raw (RESP2 list,
+    RESP3 map, flat field lists) or parsed by redis-py; fields are None for an entry deleted
+    while pending."""
+    if not reply:
+        return []
+    got = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    out = []
+    for entry_id, f in got:
+        if f and not isinstance(f, dict):
+            pairs = iter(f)
+            f = dict(zip(pairs, pairs, strict=True))
+        out.append((entry_id, f or None))
+    return out

@@ -12,6 +12,7 @@ from . import _validate as check
 from ._channels import fmt_number
 from ._errors import (
     InvalidInput,
+    MessageRejected,
     RedisbusError,
     refusal,
 )
@@ -56,6 +57,7 @@ def plan_send(
     trace: object = None,
     signer: Signer | None = None,
     channel: str = "",
+    parent: str | None = None,
     cause: str = "",
 ) -> SendPlan:
     """``cause``: the entry id of the message the sender is handling ("" when none): the new
@@ -87,7 +89,11 @@ def plan_send(
                 "r": rt,
                 "x": ttl,
                 "i": ikey,
+                "c": tr,
             },
+            mode=mode,
+            # the recipients as requested, "parent" resolved: receivers find themselves in it
+            recipients=[parent if n == "parent" and parent else n for n in names],
         )
     return SendPlan(
         mode,
@@ -112,7 +118,12 @@ def plan_send(
 
 
 def plan_batch(
-    sender: str, items: Iterable[object], signer: Signer | None, channel: str, cause: str = ""
+    sender: str,
+    items: Iterable[object],
+    signer: Signer | None,
+    channel: str,
+    parent: str | None = None,
+    cause: str = "",
 ) -> tuple[list[SendPlan], list[str]]:
     """send_many's items checked (all of them, before anything is sent): their plans and
     message types. An item is a ``(to, body)`` pair or a mapping of send() arguments; each
@@ -140,11 +151,24 @@ def plan_batch(
             )
         if kw:
             plans.append(
-                plan_send(sender, to, body, **kw, signer=signer, channel=channel, cause=cause)
+                plan_send(
+                    sender,
+                    to,
+                    body,
+                    **kw,
+                    signer=signer,
+                    channel=channel,
+                    parent=parent,
+                    cause=cause,
+                )
             )
             types.append(kw.get("type", "message"))
         else:  # a pair: send()'s defaults
-            plans.append(plan_send(sender, to, body, signer=signer, channel=channel, cause=cause))
+            plans.append(
+                plan_send(
+                    sender, to, body, signer=signer, channel=channel, parent=parent, cause=cause
+                )
+            )
             types.append("message")
     return plans, types
 
@@ -280,6 +304,7 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
         status: Status
         delivered = read = done = None
         result = None
+        error: RedisbusError | None = None
         idle = int(idle)
         mark = str(mark)
         if mark.startswith("D"):
@@ -293,6 +318,10 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
             status, done = "failed", ms_to_dt(int(mark[1:]))
         elif mark.startswith("X"):
             status = "expired"
+        elif mark.startswith("J"):
+            reason = mark.partition(":")[2]
+            status, done = "rejected", ms_to_dt(int(mark[1:].partition(":")[0]))
+            error = MessageRejected(f"the recipient rejected the message: {reason}", reason=reason)
         elif idle >= 0:
             delivered = ms_to_dt(now - idle)
             if mark.startswith("R"):
@@ -315,6 +344,7 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
                 read_at=read,
                 done_at=done,
                 result=result,
+                error=error,
             )
         )
     return out
@@ -345,6 +375,19 @@ def sign_outcome(
     if not signer.enabled:
         return ["", "", ""]
     status = _OUTCOME_STATUS.get(op, op)
-    out_sig, ts = signer.sign(channel, {"f": target, "s": status, "b": text, "k": "outcome"})
-    ctl_sig, _ = signer.sign(channel, {"f": actor, "s": "cancel", "b": text, "k": "control"}, ts)
+    # "lost" is declared by whichever host saw the leases run out, for an agent it may not
+    # speak for: its own mode, which receivers check against the channel only
+    lost = op == "lost"
+    out_sig, ts = signer.sign(
+        channel,
+        {"f": target, "s": status, "b": text, "k": "outcome"},
+        mode="lost" if lost else "out",
+    )
+    ctl_sig, _ = signer.sign(
+        channel,
+        {"f": actor, "s": "cancel", "b": text, "k": "control"},
+        mode="lost" if lost else "ctl",
+        recipients=[target],
+        ts=ts,
+    )
     return [out_sig, ctl_sig, ts]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_WAIT_S = 300.0
@@ -41,8 +41,17 @@ class BusSettings(BaseSettings):
     ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://")
     ssl_certfile: str | None = Field(default=None, description="client certificate (mutual TLS)")
     ssl_keyfile: str | None = Field(default=None, description="client certificate's key")
+    max_connections: int = Field(
+        default=2000,
+        ge=2,
+        description="connections per bus and server: each waiting async agent holds one while "
+        "it blocks (a blocking XREADGROUP needs a connection of its own), so this bounds the "
+        "async agents that wait at once in one process",
+    )
     username: str | None = Field(default=None, description="Redis ACL user")
-    password: str | None = Field(default=None, description="Redis password")
+    password: SecretStr | None = Field(
+        default=None, description="Redis password (never shown in a repr)"
+    )
 
     # -- identity -----------------------------------------------------------------------------
     host: str = Field(default_factory=socket.gethostname, description="this host's name")
@@ -112,8 +121,24 @@ class BusSettings(BaseSettings):
     durable_timeout_s: float = Field(default=1.0, gt=0, description="how long WAIT waits")
 
     # -- security -----------------------------------------------------------------------------
-    signing_keys: dict[str, str] = Field(
-        default_factory=dict, description='JSON {"key id": "secret"}; the first signs'
+    signing_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='shared HMAC mode: JSON {"key id": "secret"}; the first signs, all verify',
+    )
+    signing_key_file: str | None = Field(
+        default=None,
+        description="per-host mode: this host's Ed25519 private key (PEM, PKCS#8)",
+    )
+    trust_file: str | None = Field(
+        default=None,
+        description="per-host mode: the trust list (JSON or TOML): each public key, the "
+        "channels and agent names it may speak for; revoked keys. Re-read when it changes",
+    )
+    signing_window_s: float = Field(
+        default=60.0, gt=0, description="largest gap between signing time and entry time"
+    )
+    replay_keep_s: float = Field(
+        default=3600.0, gt=0, description="how long a signature's nonce is remembered"
     )
     unsigned: Literal["reject", "flag"] = Field(
         default="reject",
@@ -123,6 +148,14 @@ class BusSettings(BaseSettings):
 
     # -- metrics ------------------------------------------------------------------------------
     metrics: bool = Field(default=True, description="record client metrics (prometheus-client)")
+
+    @field_validator("signing_keys")
+    @classmethod
+    def _key_ids_are_plain(cls, v: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for kid in v:
+            if not kid or ":" in kid or not kid.isprintable():
+                raise ValueError(f"signing key id {kid!r}: printable, non-empty, no ':'")
+        return v
 
     @field_validator("prefix")
     @classmethod

@@ -1,64 +1,220 @@
-"""Signed envelopes: an HMAC over a message's attributed fields, so that a client without the
-fleet key cannot forge a sender, even with direct write access to Redis.
+"""Signed envelopes: a signature over everything a receiver acts on, with a nonce and a signing
+time, so that an entry can be neither forged, nor pointed at someone else, nor played again.
 
-``BusSettings.signing_keys`` maps key ids to secrets; the first key signs, every key verifies,
-so keys rotate by adding the new one first and dropping the old one after the overlap. The
-signature covers the channel, sender, subject, body, type, priority, reply_to, ttl,
-idempotency key and the signing time; it is stored in the entry as ``g`` ("kid:hex") and the
-time as ``n``. It does not cover the recipient list, which the send script resolves.
+Two modes share one payload and one set of receiver rules:
+
+- **HMAC** (``BusSettings.signing_keys``, ``{"key id": "secret"}``): a fleet secret; the first
+  key signs, every key verifies. Whoever holds it speaks for every agent of every channel.
+- **Ed25519** (``signing_key_file`` + ``trust_file``): each host signs with its own private key;
+  the trust list (``_trust.py``) says which channels and agent names each public key may speak
+  for. A key speaks only for what its trust entry allows.
+
+The signature covers: the channel, the sender, the send mode and the requested recipients
+(names as given, "parent" resolved; for a control message its target; "all" for a broadcast),
+subject, body, type, priority, reply_to, ttl, idempotency key, trace context (the chain), the
+signing time and a nonce. The chain depth ``d`` is written by the send script from reply_to,
+which is covered. The entry keeps it all in two fields written by the send scripts: ``g``
+("kid:nonce:signature:mode:recipients") and ``n`` (signing time, ms).
+
+Receivers refuse (reason in brackets, the bounded label of
+``redisbus_messages_rejected_total``): no signature [unsigned]; an unknown key [untrusted_key];
+a revoked key [revoked]; a key not allowed for the sender or the channel [not_allowed]; a
+signature that does not match [bad_signature]; recipients not among the requested ones
+[misaddressed]; a signing time more than ``signing_window_s`` from the entry id's time
+[stale]; a (key, nonce) pair already seen on an earlier entry [replay] — that last one is
+checked on the server, in the settle script that marks the fetch read (settle.lua, op "n").
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-_VERSION = "rb1"
+_VERSION = "rb2"
+
+#: Every reason a receiver rejects an entry for: the bounded label set of the metric.
+REASONS = (
+    "unsigned",
+    "bad_signature",
+    "untrusted_key",
+    "revoked",
+    "not_allowed",
+    "misaddressed",
+    "stale",
+    "replay",
+)
+
+#: The fields of an entry the signature covers, besides the channel and the addressing.
+_COVERED = ("f", "s", "b", "k", "p", "r", "x", "i", "c")
+_DEFAULTS = {"k": "message", "p": "0"}
 
 
-class Signer:
+class KeyRing(Protocol):
+    """What a signing mode provides: the key that signs, and the verification of a key id."""
+
+    kid: str | None
+    verifies: bool
+
+    def sign_bytes(self, payload: bytes) -> str: ...
+
+    def verify_bytes(self, kid: str, payload: bytes, sig: str) -> str:
+        """ "" when valid, else a reason."""
+        ...
+
+    def may_speak(self, kid: str, channel: str, agent: str | None) -> bool:
+        """Whether key ``kid`` may speak on ``channel`` for ``agent`` (None: for the channel)."""
+        ...
+
+
+class HmacRing:
+    """Shared secrets: any key id of ``keys`` verifies and may speak for anyone."""
+
     def __init__(self, keys: Mapping[str, str]) -> None:
         self.keys = {k: v.encode() for k, v in keys.items()}
         self.kid = next(iter(keys), None)
+        self.verifies = bool(keys)
+
+    def sign_bytes(self, payload: bytes) -> str:
+        assert self.kid is not None
+        return hmac.new(self.keys[self.kid], payload, hashlib.sha256).hexdigest()
+
+    def verify_bytes(self, kid: str, payload: bytes, sig: str) -> str:
+        key = self.keys.get(kid)
+        if key is None:
+            return "untrusted_key"
+        good = hmac.new(key, payload, hashlib.sha256).hexdigest()
+        return "" if hmac.compare_digest(good, sig) else "bad_signature"
+
+    def may_speak(self, kid: str, channel: str, agent: str | None) -> bool:
+        return True
+
+
+class Signer:
+    """Signs outgoing entries and checks incoming ones with a key ring (or none: signing off).
+
+    ``window_s``: how far a signing time may be from the entry id's time.
+    ``replay_keep_s``: how long the server remembers a (key, nonce) pair it has seen.
+    """
+
+    def __init__(
+        self,
+        keys: Mapping[str, str] | KeyRing | None = None,
+        *,
+        window_s: float = 60.0,
+        replay_keep_s: float = 3600.0,
+    ) -> None:
+        if keys is None or isinstance(keys, Mapping):
+            ring: KeyRing | None = HmacRing(keys or {})
+        else:
+            ring = keys
+        self.ring = ring
+        self.window_ms = int(window_s * 1000)
+        self.replay_keep_ms = int(max(replay_keep_s, 2 * window_s) * 1000)
 
     @property
     def enabled(self) -> bool:
-        return self.kid is not None
+        """Signatures are checked (and made, when this host has a key that may sign)."""
+        return self.ring is not None and self.ring.verifies
+
+    @property
+    def kid(self) -> str | None:
+        return self.ring.kid if self.ring is not None else None
+
+    def may_speak(self, channel: str, agent: str) -> bool:
+        """Whether this host's key may speak for ``agent`` on ``channel`` (names are owned)."""
+        if not self.enabled or self.ring is None:
+            return True
+        kid = self.ring.kid
+        return kid is not None and self.ring.may_speak(kid, channel, agent)
 
     def sign(
-        self, channel: str, fields: Mapping[str, str], ts: str | None = None
+        self,
+        channel: str,
+        fields: Mapping[str, str],
+        *,
+        mode: str,
+        recipients: Sequence[str] = (),
+        ts: str | None = None,
     ) -> tuple[str, str]:
-        """Return ("kid:hex", ts) for entry fields (f s b k p r x i) about to be written."""
-        if self.kid is None:
+        """Return (``g``, ``n``): the signature field and the signing time (ms) for entry
+        ``fields`` about to be written with the given send ``mode`` and requested
+        ``recipients``; ("", "") when signing is off."""
+        if self.ring is None or self.ring.kid is None:
             return "", ""
         ts = ts or str(int(time.time() * 1000))
-        digest = _mac(self.keys[self.kid], channel, fields, ts)
-        return f"{self.kid}:{digest}", ts
+        nonce = secrets.token_hex(12)
+        req = "\n".join(recipients)
+        kid = self.ring.kid
+        sig = self.ring.sign_bytes(_payload(channel, kid, nonce, ts, mode, req, fields))
+        return f"{kid}:{nonce}:{sig}:{mode}:{req}", ts
 
-    def verify(self, channel: str, fields: Mapping[str, str]) -> bool:
-        sig, ts = fields.get("g", ""), fields.get("n", "")
-        kid, _, given = sig.partition(":")
-        key = self.keys.get(kid)
-        if key is None or not given or not ts:
-            return False
-        return hmac.compare_digest(_mac(key, channel, fields, ts), given)
+    def check(
+        self, channel: str, entry_id: str, f: Mapping[str, str], me: str, my_id: str = ""
+    ) -> str:
+        """ "" when the entry passes every check a receiver makes without the server (the
+        replay check is settle.lua's), else the reason it is rejected."""
+        g = f.get("g")
+        if not g:
+            return "unsigned"
+        parts = g.split(":", 4)
+        if len(parts) != 5 or self.ring is None:
+            return "bad_signature"
+        kid, nonce, sig, mode, req = parts
+        ts = f.get("n", "")
+        if not ts.isdigit() or not nonce:
+            return "bad_signature"
+        payload = _payload(channel, kid, nonce, ts, mode, req, f)
+        reason = self.ring.verify_bytes(kid, payload, sig)
+        if reason:
+            return reason
+        if not self.ring.may_speak(kid, channel, None if mode == "lost" else f.get("f", "")):
+            return "not_allowed"
+        if abs(int(ts) - int(entry_id.partition("-")[0])) > self.window_ms:
+            return "stale"
+        if not _addressing_holds(mode, req, f, me, my_id):
+            return "misaddressed"
+        return ""
 
 
-def _mac(key: bytes, channel: str, f: Mapping[str, str], ts: str) -> str:
-    parts = [
-        _VERSION,
-        channel,
-        f.get("f", ""),
-        f.get("s", ""),
-        f.get("b", ""),
-        f.get("k", "message") or "message",
-        f.get("p", "0") or "0",
-        f.get("r", ""),
-        f.get("x", ""),
-        f.get("i", ""),
-        ts,
-    ]
-    payload = "\x1f".join(parts).encode("utf-8", "surrogatepass")
-    return hmac.new(key, payload, hashlib.sha256).hexdigest()
+def signer_for(settings: Any) -> Signer:
+    """The signer ``BusSettings`` describe: per-host keys when a trust file is set, else the
+    shared HMAC keys (none: signing off)."""
+    ring: KeyRing
+    if settings.trust_file:
+        from ._trust import TrustRing  # cryptography is only needed in this mode
+
+        ring = TrustRing(settings.signing_key_file, settings.trust_file)
+    else:
+        ring = HmacRing({k: v.get_secret_value() for k, v in settings.signing_keys.items()})
+    return Signer(ring, window_s=settings.signing_window_s, replay_keep_s=settings.replay_keep_s)
+
+
+def _addressing_holds(mode: str, req: str, f: Mapping[str, str], me: str, my_id: str) -> bool:
+    """The entry's broadcast flag matches the signed mode, and a receiver the entry is
+    addressed to is one of the signed recipients (by name or id). Control messages and
+    outcomes are addressed by the server (a cancelled subtree, the target's parent); copies
+    of them are caught as replays."""
+    broadcast = f.get("a") == "1"
+    if mode == "all":
+        return broadcast
+    if broadcast:
+        return False
+    if mode in ("ctl", "out", "lost"):
+        return True
+    to = f.get("t", "")
+    if to != me and me not in to.split("\n"):
+        return True  # another agent's message, seen on the board: not ours to act on
+    names = req.split("\n")
+    return me in names or (bool(my_id) and my_id in names)
+
+
+def _payload(
+    channel: str, kid: str, nonce: str, ts: str, mode: str, req: str, f: Mapping[Any, Any]
+) -> bytes:
+    parts = [_VERSION, channel, kid, nonce, ts, mode, req]
+    parts += [f.get(k) or _DEFAULTS.get(k, "") for k in _COVERED]
+    return "\x1f".join(parts).encode("utf-8", "surrogatepass")

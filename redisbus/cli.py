@@ -16,10 +16,11 @@ an existing channel (else ``unknown_channel``, exit 1) and, with ``--as``, an ex
 agent has not read yet and marks them read (``--done``: done), so the next ``wait`` moves on.
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
-``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor`` (doctor)
-and ``_cli_daemons`` (exporter, janitor); ``mcp`` is a typer command like the others
-(``integrations.mcp._command``) that imports the MCP SDK only when it runs. Commands owned by
-other modules (``a2a``, ``console``) are listed in ``PLUGINS``: each such module provides
+``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor`` (doctor),
+``_cli_daemons`` (exporter, janitor), ``_cli_repair`` (repair, acl, keygen) and ``_cli_a2a``
+(a2a); ``mcp`` is a typer command like the others (``integrations.mcp._command``) that imports
+the MCP SDK only when it runs, as ``a2a`` imports the A2A SDK. Commands owned by other modules
+(``console``) are listed in ``PLUGINS``: each such module provides
 ``main(argv: list[str]) -> int`` and is imported only when its command runs.
 """
 
@@ -38,9 +39,11 @@ from rich.text import Text
 
 from . import (  # noqa: F401 - they register commands
     __version__,
+    _cli_a2a,
     _cli_daemons,
     _cli_doctor,
     _cli_ops,
+    _cli_repair,
     _cli_talk,
 )
 from ._cli_base import Exit, app, err
@@ -70,7 +73,6 @@ def _root(
 # They are imported only when their command runs, so a one-shot `redisbus send` stays fast and
 # a missing optional dependency (the `mcp` SDK) breaks only its own command.
 PLUGINS: dict[str, tuple[str, str]] = {
-    "a2a": ("redisbus.integrations.a2a", "Serve a channel's members as A2A agents, both ways."),
     "console": ("redisbus.console", "Live web console of the channels in a browser."),
 }
 

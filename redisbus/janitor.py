@@ -87,12 +87,9 @@ def run(
         stop.wait(interval_s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m redisbus.janitor [options]``: the same as ``redisbus janitor [options]``."""
-    from ._cli_daemons import run_command
-
-    return run_command("janitor", argv)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m redisbus.janitor`, the same as `redisbus janitor`: this file runs as __main__,
+    # not as redisbus.janitor, so importing the CLI here closes no import cycle.
+    from ._cli_run import run_command
+
+    raise SystemExit(run_command("janitor"))

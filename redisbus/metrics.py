@@ -61,6 +61,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from . import _signing
+
 __all__ = [
     "AGENT_STATUSES",
     "FLEET_GAUGES",
@@ -176,6 +178,7 @@ class MetricsSink(Protocol):
     def done(self, n: int = 1) -> None: ...
     def redelivered(self, n: int = 1) -> None: ...
     def dead_lettered(self, n: int = 1) -> None: ...
+    def message_rejected(self, reason: str, n: int = 1) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ class _Families:
     done: Counter
     redelivered: Counter
     dead_lettered: Counter
+    message_rejected: Counter
     build_info: Gauge
 
 
@@ -251,6 +255,13 @@ def _create_families(registry: CollectorRegistry) -> _Families:
             host,
             registry=registry,
         ),
+        message_rejected=Counter(
+            "redisbus_messages_rejected",
+            "Entries a receiver refused (bad or missing signature, untrusted or revoked key, "
+            "key not allowed, misaddressed, stale signing time, replay), by reason.",
+            ("reason", "host"),
+            registry=registry,
+        ),
         build_info=Gauge(
             "redisbus_build_info",
             "Always 1; the version label says which redisbus this process runs.",
@@ -293,6 +304,9 @@ class BusMetrics:
         self._done = f.done.labels(host)
         self._redelivered = f.redelivered.labels(host)
         self._dead_lettered = f.dead_lettered.labels(host)
+        self._message_rejected = {
+            r: f.message_rejected.labels(r, host) for r in (*_signing.REASONS, _OTHER)
+        }
 
     def sent(self, type_: str, n: int = 1) -> None:
         """``n`` messages of type ``type_`` were appended to a stream (a broadcast counts
@@ -330,6 +344,11 @@ class BusMetrics:
         if n > 0:
             self._dead_lettered.inc(n)
 
+    def message_rejected(self, reason: str, n: int = 1) -> None:
+        """A receiver refused ``n`` entries for ``reason`` (one of ``_signing.REASONS``)."""
+        if n > 0:
+            self._message_rejected.get(reason, self._message_rejected[_OTHER]).inc(n)
+
 
 class NoopMetrics:
     """The :class:`MetricsSink` used when metrics are off: every method does nothing."""
@@ -353,6 +372,9 @@ class NoopMetrics:
         pass
 
     def dead_lettered(self, n: int = 1) -> None:
+        pass
+
+    def message_rejected(self, reason: str, n: int = 1) -> None:
         pass
 
 

@@ -615,3 +615,29 @@ def test_external_agent_working_in_a_task_answers_with_its_artifact_or_failure(
     finally:
         srv.stop()
         worker.stop()
+
+
+def test_command_is_on_the_one_cli_with_env_vars_and_exit_codes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    from redisbus.cli import app, main
+
+    assert "a2a" in {c.name for c in app.registered_commands}  # a typer command, not a plugin
+    monkeypatch.delenv("REDISBUS_A2A_CHANNEL", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["a2a"])  # no channel: a usage error, one line
+    assert e.value.code == 2
+    assert "--channel" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["a2a", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for var in ("REDISBUS_A2A_CHANNEL", "REDISBUS_A2A_PORT", "REDISBUS_A2A_EXTERNAL"):
+        assert var in out
+    monkeypatch.setenv("REDISBUS_A2A_CHANNEL", "c")
+    monkeypatch.setenv("REDISBUS_A2A_TOKENS", '{"t": "alice"}')
+    monkeypatch.setenv("REDISBUS_A2A_EXTERNAL", "ok=http://127.0.0.1:1,ftp://nowhere")
+    with pytest.raises(SystemExit) as e:
+        main(["a2a"])  # the environment's second external is refused: bad input
+    assert e.value.code == 2
+    assert "ftp://nowhere" in capsys.readouterr().err

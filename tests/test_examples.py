@@ -33,6 +33,8 @@ COVERED = {
     "async_fleet.py",
     "family.py",
     "a2a_bridge.py",
+    "request_reply.py",
+    "trace_two_processes.py",
     "hermes/config.yaml",
     "mcp/mcp.json",
 }
@@ -95,6 +97,30 @@ def test_a2a_bridge_both_ways(redis_url: str) -> None:
     assert "[bus] bob got 'hi' from alice (the token's name)" in out
     assert "[a2a client] task TASK_STATE_COMPLETED: hello from the bus" in out
     assert "[bus] echo-agent replied 'echo: are you there?' (reply_to matches: True)" in out
+
+
+def test_request_reply(redis_url: str) -> None:
+    out = run_example("request_reply.py", redis_url)
+    assert "asked 2+3, calculator answered 5 (a reply to " in out
+    assert "then wait() returned: ['FYI: lunch at noon']" in out  # not lost to ask()
+    assert "no answer from colleague: AskTimeout (request " in out
+
+
+def test_a_trace_across_two_processes_on_the_console(redis_url: str) -> None:
+    out = run_example("trace_two_processes.py", redis_url)
+    lines = out.splitlines()
+    [summary] = [x for x in lines if x.startswith("one trace, ")]
+    trace_id = summary.split()[2].rstrip(",")
+    spans = [x for x in lines if x.startswith("[pid ") and " trace=" in x]
+    by_name = {(x.split()[1], x.split()[2], x.split()[3]): x for x in spans}
+    pids = {x.split()[1] for x in spans}
+    assert len(pids) == 2  # two processes printed spans
+    # the asker's send and the reviewer's processing span carry the one trace id
+    sends = [x for x in spans if " send " in x and "PRODUCER" in x]
+    process = [x for x in spans if " process " in x and "CONSUMER" in x]
+    assert len(sends) == 2 and len(process) == 1, by_name
+    assert all(f"trace={trace_id}" in x for x in [*sends, *process])
+    assert "reply: approved" in out
 
 
 def test_hermes_config_loads_and_enables_the_plugin(redis_url: str, tmp_path: Path) -> None:

@@ -28,8 +28,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbus import AsyncBus, Bus, BusSettings
+from redisbus._cli_run import run_command
 from redisbus._model import id_ms
-from redisbus.exporter import Exporter, ExporterSettings, main
+from redisbus.exporter import Exporter, ExporterSettings
 from redisbus.janitor import sweep_all
 from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
@@ -587,12 +588,12 @@ def test_command_line_refuses_without_redis_url(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("REDISBUS_URL", raising=False)
-    assert main(["--port", "0"]) == 3
+    assert run_command("exporter", ["--port", "0"]) == 3
     assert "REDISBUS_URL" in capsys.readouterr().err
 
 
 def test_command_line_refuses_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--url", "redis://127.0.0.1:1/0", "--port", "70000"]) == 2
+    assert run_command("exporter", ["--url", "redis://127.0.0.1:1/0", "--port", "70000"]) == 2
     assert "exporter_port" in capsys.readouterr().err
 
 

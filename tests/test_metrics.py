@@ -57,6 +57,7 @@ def test_series_have_the_spec_names_types_and_labels() -> None:
         "redisbus_messages_done": "counter",
         "redisbus_redeliveries": "counter",
         "redisbus_dead_lettered": "counter",
+        "redisbus_messages_rejected": "counter",
         "redisbus_build_info": "gauge",
     }
     labels = {s.name: set(s.labels) - {"le"} for f in families.values() for s in f.samples}
@@ -67,6 +68,7 @@ def test_series_have_the_spec_names_types_and_labels() -> None:
         assert labels[f"redisbus_messages_{name}_total"] == {"host"}
     assert labels["redisbus_redeliveries_total"] == {"host"}
     assert labels["redisbus_dead_lettered_total"] == {"host"}
+    assert labels["redisbus_messages_rejected_total"] == {"reason", "host"}
     assert labels["redisbus_build_info"] == {"version"}
 
 
@@ -151,6 +153,15 @@ def test_two_buses_in_one_process_share_the_registry_with_their_own_host() -> No
     assert value(registry, "redisbus_messages_received_total", host="host-b") == 5
 
 
+def test_receiver_rejections_are_counted_by_bounded_reason() -> None:
+    registry = CollectorRegistry()
+    m = BusMetrics(registry, host="host-a")
+    m.message_rejected("replay", 2)
+    m.message_rejected("a reason nobody knows")
+    assert value(registry, "redisbus_messages_rejected_total", reason="replay", host="host-a") == 2
+    assert value(registry, "redisbus_messages_rejected_total", reason="other", host="host-a") == 1
+
+
 def test_build_info_is_one_and_names_the_version() -> None:
     registry = CollectorRegistry()
     BusMetrics(registry)
@@ -173,6 +184,7 @@ def test_noop_has_every_method_of_bus_metrics_and_does_nothing() -> None:
         "done",
         "redelivered",
         "dead_lettered",
+        "message_rejected",
     }
     for name, sig in public.items():
         assert inspect.signature(getattr(type(NOOP), name)) == sig, name

@@ -35,7 +35,10 @@ EXTRA_OF = {
     "redisbus/integrations/mcp/": "mcp",
     "redisbus/integrations/a2a/": "a2a",
     "redisbus/console/": "console",
+    "redisbus/_trust.py": "signing",
     "redisbus/integrations/hermes/": "hermes",
+    "redisbus/_otel.py": "otel",
+    "redisbus/_cli_a2a.py": "a2a",
 }
 
 

@@ -118,4 +118,13 @@ def test_outcomes_and_cancellations_are_signed_too(redis7: Server) -> None:
 @pytest.mark.parametrize("raw", ['{"k1": "s"}', '{"a": "x", "b": "y"}'])
 def test_signing_keys_come_from_the_environment(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("REDISBUS_SIGNING_KEYS", raw)
-    assert BusSettings().signing_keys == json.loads(raw)
+    keys = BusSettings().signing_keys
+    assert {k: v.get_secret_value() for k, v in keys.items()} == json.loads(raw)
+
+
+def test_secrets_never_show_in_a_repr() -> None:
+    s = BusSettings(password="hunter2-pw", signing_keys={"k1": "hmac-secret-xyz"})
+    for text in (repr(s), str(s), repr(s.model_dump()), s.model_dump_json()):
+        assert "hunter2-pw" not in text
+        assert "hmac-secret-xyz" not in text
+    assert s.password is not None and s.password.get_secret_value() == "hunter2-pw"

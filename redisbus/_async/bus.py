@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import _core as core
+from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING
 from .._errors import RedisbusError
@@ -20,7 +21,7 @@ from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
 from .._redis import async_client
 from .._settings import BusSettings
-from .._signing import Signer
+from .._signing import signer_for
 from .._tasks_async import Coalescer, Event, Handler, Heart, run_all
 from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
@@ -57,7 +58,8 @@ class AsyncBus:
         self._heart = Heart(self.settings.heartbeat_s, self._beat)
         self._coalescer = Coalescer(self._io)
         self._checked_eviction = False
-        self._signer = Signer(self.settings.signing_keys)
+        self._signer = signer_for(self.settings)
+        otel.load()  # tracing, when opentelemetry is installed (imported once, here)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -246,7 +248,11 @@ async def _serve_one(agent: AsyncAgent, handler: Handler, stop: Event, poll_s: f
                 continue
             handling = HANDLING.set((agent, m.id))
             try:
-                await handler(agent, m)
+                if otel.on:
+                    with otel.processing(agent, m):
+                        await handler(agent, m)
+                else:
+                    await handler(agent, m)
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue

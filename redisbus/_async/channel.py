@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core as core
 from .. import _validate as check
-from .._errors import InvalidInput
+from .._errors import InvalidInput, NotPermitted
 from .._filters import check_entry_id
 from .._keys import ChannelKeys
 from .._model import DeadLetter, Member
@@ -55,6 +55,10 @@ class AsyncChannel:
         sk = [check.name(x, "skill") for x in skills] if not isinstance(skills, str) else None
         if sk is None:
             raise InvalidInput("skills must be a list of strings")
+        if not self.bus._signer.may_speak(self.name, agent):
+            # names are owned: this host's key may not speak for it, so it may not receive
+            # as it either
+            raise NotPermitted(f"this host's key may not speak for {agent!r} on {self.name!r}")
         k = self.keys
         reply = await self.bus._io.script(
             "join",
@@ -154,6 +158,24 @@ class AsyncChannel:
             ],
         )
         return core.SweepReport(*(int(x) for x in reply))
+
+    async def repair(self, *, budget: int = 0) -> dict[str, tuple[int | None, int]]:
+        """Rebuild every inbox counter from the stream (entries addressed to each agent that
+        its group holds pending, plus those past its cursor); returns the counters that were
+        wrong, as name -> (stored or None when missing, counted). ``budget``: most entries
+        one call may look at (0 = no bound); over it nothing is written and InvalidInput
+        says so."""
+        k = self.keys
+        reply = await self.bus._io.script(
+            "repair", [k.stream, k.inbox], [check.integer(budget, "budget", 0, 1 << 40)]
+        )
+        if not int(reply[0]):
+            raise InvalidInput(f"repair of {self.name!r} needs more than {budget} entries")
+        flat = reply[1:]
+        return {
+            str(flat[i]): (int(flat[i + 1]) if flat[i + 1] != "" else None, int(flat[i + 2]))
+            for i in range(0, len(flat), 3)
+        }
 
     async def counts(self) -> dict[str, int]:
         """Inbox counters (undone messages per agent), as stored."""

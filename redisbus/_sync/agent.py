@@ -7,15 +7,17 @@ The state and the parsing of fetched entries it shares with nothing else live in
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _core as core
+from .. import _otel as otel
 from .. import _validate as check
 from .._agent import AgentState, message_ids
-from .._errors import InvalidInput, RedisbusError
+from .._errors import AskTimeout, InvalidInput, RedisbusError
 from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
 from .._tasks_sync import sleep
 
@@ -53,69 +55,142 @@ class Agent(AgentState):
         send carries an idempotency key (one is made when none is given), so it is retried
         safely across connection drops and failovers.
         """
-        if durable is None:
-            durable = self._bus.settings.durable
-        if durable and idempotency_key is None:
-            idempotency_key = core.new_agent_id().replace("ag-", "auto-")
-        plan = core.plan_send(
-            self.name,
-            to,
-            body,
-            subject=subject,
-            type=type,
-            priority=priority,
-            reply_to=reply_to,
-            ttl_s=ttl_s,
-            idempotency_key=idempotency_key,
-            trace=trace,
-            signer=self._bus._signer,
-            channel=self.channel.name,
-            cause=self._cause(),
-        )
-        wait_s = None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
+        span = None
+        if otel.on:  # the one test the send path pays when tracing is off (see _otel)
+            span, trace = otel.start_send(self.channel.name, self.name, trace)
         try:
-            reply = self._bus._coalescer.send(
-                self._send_keys, plan.argv, idempotent=idempotency_key is not None
+            if durable is None:
+                durable = self._bus.settings.durable
+            if durable and idempotency_key is None:
+                idempotency_key = core.new_agent_id().replace("ag-", "auto-")
+            plan = core.plan_send(
+                self.name,
+                to,
+                body,
+                subject=subject,
+                type=type,
+                priority=priority,
+                reply_to=reply_to,
+                ttl_s=ttl_s,
+                idempotency_key=idempotency_key,
+                trace=trace,
+                signer=self._bus._signer,
+                channel=self.channel.name,
+                parent=self.parent,
+                cause=self._cause(),
             )
-            result = core.parse_send(plan, reply)
-        except RedisbusError as e:
-            self._bus.metrics.rejected(e.code)
-            raise
-        if isinstance(result, Receipt):  # one recipient, accepted (a refusal raised above)
-            self._bus.metrics.sent(type)
-        else:
-            self._count(result, type)
-        if durable:
-            s = self._bus.settings
-            reached = self._bus._io.replicate(
-                self._keys.stream, s.durable_replicas, s.durable_timeout_s
+            wait_s = (
+                None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
             )
-            if not reached:
-                log.warning(
-                    "redisbus: durable send to %s: fewer than %d replicas acknowledged",
-                    plan.names or "all",
-                    s.durable_replicas,
+            try:
+                reply = self._bus._coalescer.send(
+                    self._send_keys, plan.argv, idempotent=idempotency_key is not None
                 )
-            result = core.with_durable(result, reached)
-        if wait_s:
-            result = self._await_delivery(result, wait_s)
+                result = core.parse_send(plan, reply)
+            except RedisbusError as e:
+                self._bus.metrics.rejected(e.code)
+                raise
+            if isinstance(result, Receipt):  # one recipient, accepted (a refusal raised above)
+                self._bus.metrics.sent(type)
+            else:
+                self._count(result, type)
+            if durable:
+                s = self._bus.settings
+                reached = self._bus._io.replicate(
+                    self._keys.stream, s.durable_replicas, s.durable_timeout_s
+                )
+                if not reached:
+                    log.warning(
+                        "redisbus: durable send to %s: fewer than %d replicas acknowledged",
+                        plan.names or "all",
+                        s.durable_replicas,
+                    )
+                result = core.with_durable(result, reached)
+            if wait_s:
+                result = self._await_delivery(result, wait_s)
+        except BaseException as e:
+            if span is not None:
+                otel.end_send(span, None, e)
+            raise
+        if span is not None:
+            otel.end_send(span, result, None)
         return result
 
     def send_many(self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]) -> builtins.list[Any]:
         """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
         or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
         gives rejected receipts (with ``.error``) instead of raising."""
-        sent, types = core.plan_batch(
-            self.name, items, self._bus._signer, self.channel.name, self._cause()
-        )
-        if not sent:
-            return []
-        replies = core.unbatch(
-            sent, self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
-        )
-        out, counts, refused = core.batch_results(sent, types, replies)
-        self._count_batch(counts, refused)
+        span = None
+        if otel.on:
+            items = builtins.list(items)
+            span, header = otel.start_send(self.channel.name, self.name, None, len(items))
+            if header is not None:
+                items = otel.with_trace(items, header)
+        try:
+            sent, types = core.plan_batch(
+                self.name, items, self._bus._signer, self.channel.name, self.parent, self._cause()
+            )
+            if not sent:
+                out: builtins.list[Any] = []
+            else:
+                replies = core.unbatch(
+                    sent, self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
+                )
+                out, counts, refused = core.batch_results(sent, types, replies)
+                self._count_batch(counts, refused)
+        except BaseException as e:
+            if span is not None:
+                otel.end_send(span, None, e)
+            raise
+        if span is not None:
+            otel.end_send(span, out, None)
         return out
+
+    def ask(
+        self, to: str, body: str, *, timeout: float | None = None, **send_kwargs: Any
+    ) -> Message:
+        """Send a ``request`` to one agent and return its reply: the first message to this
+        agent whose ``reply_to`` is the request's id. Raises ``AskTimeout`` (with the request's
+        id) when none comes within ``timeout`` (default ``wait_timeout_s``, at most 300 s); a
+        refused request raises as ``send`` does.
+
+        Other messages that arrive meanwhile are not taken: ask() watches the stream without
+        the agent's group, then reads only the reply, so they stay unread for the next
+        ``wait()`` or ``read()``."""
+        t = (
+            self._bus.settings.wait_timeout_s
+            if timeout is None
+            else check.seconds(timeout, "timeout")
+        )
+        if not isinstance(to, str) or to == "all":
+            raise InvalidInput("ask() sends to one agent: give its name (or 'parent')")
+        send_kwargs.setdefault("type", "request")
+        receipt = self.send(to, body, **send_kwargs)
+        request_id = receipt.id
+        deadline = time.monotonic() + t
+        cursor = request_id
+        while True:
+            block_ms = int(min(deadline - time.monotonic(), 5.0) * 1000)
+            if block_ms < 1:
+                raise AskTimeout(
+                    f"no reply to {request_id} from {to} within {t:g} s", request_id=request_id
+                )
+            entries = self._bus._io.watch(self._keys.stream, cursor, block_ms)
+            for entry_id, f in entries:
+                if f and f.get("r") == request_id and core.addressed_to(f, self.name):
+                    reply = self._take_reply(entry_id)
+                    if reply is not None:
+                        return reply
+            if entries:
+                cursor = entries[-1][0]
+
+    def _take_reply(self, entry_id: str) -> Message | None:
+        """Read the one entry ``entry_id`` (it becomes read, as read() makes it): the view
+        starts just before it and returns one message, so later ones stay unread."""
+        got = self._view("to:me", core.id_before(entry_id), 1, pull=True, mark=True, preview=None)
+        if not got or got[0].id != entry_id:
+            return None
+        return got[0] if got[0].read else dataclasses.replace(got[0], read=True)
 
     def _await_delivery(self, result: Any, wait_s: float) -> Any:
         receipts = result if isinstance(result, list) else [result]
@@ -168,7 +243,8 @@ class Agent(AgentState):
             mark=mark,
         )
         k = self._keys
-        calls = [*self._settle_calls(), ("view", [k.stream, k.inbox, k.marks], plan.argv)]
+        rejected: builtins.list[tuple[str, str]] = []
+        calls = [*self._settle_calls(), ("view", k.view, [*plan.argv, self._replay_keep()])]
         reply = (self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         if pull:
@@ -177,7 +253,7 @@ class Agent(AgentState):
         for _ in range(50):
             if not (pull and int(reply[2]) and len(reply) - 3 < plan.limit):
                 break
-            more = self._bus._io.script("view", [k.stream, k.inbox, k.marks], plan.argv)
+            more = self._bus._io.script("view", k.view, [*plan.argv, self._replay_keep()])
             seen = {e[0] for e in reply[3:]}
             reply = [
                 more[0],
@@ -193,7 +269,11 @@ class Agent(AgentState):
             preview_chars=preview,
             signer=self._bus._signer,
             unsigned=self._bus.settings.unsigned,
+            agent_id=self.id,
+            rejected=rejected,
         )
+        for entry_id, reason in rejected if mark else ():
+            self._reject(entry_id, reason)  # written with the next call
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
             self._hand(mine)
@@ -202,6 +282,8 @@ class Agent(AgentState):
                 self._bus.metrics.delivered(max(0.0, (now_ms - id_ms(m.id)) / 1000))
             if mine:
                 self._bus.metrics.received(len(mine))
+                if otel.on:
+                    otel.received(self.channel.name, self.name, mine, None, "read")
         return msgs
 
     def flush(self) -> None:
@@ -229,6 +311,8 @@ class Agent(AgentState):
         if self._held:
             msgs, self._held = self._held, []
             return WaitResult(core.wait_kind(self.name, msgs), msgs)
+        if otel.on:
+            self._wait_ns = otel.now_ns()
         deadline = time.monotonic() + t
         if not self._recovered or self._pel_dirty:
             # Own pending entries first: after a restart (redeliveries), or after read() and
@@ -300,8 +384,15 @@ class Agent(AgentState):
         before = io.retries
         mark_after = self._fetched_to if cursor == ">" else None
         try:
-            entries, now = io.fetch(
-                self._keys, self.name, self.replica, cursor, block_ms, settle, mark_after
+            entries, now, replayed = io.fetch(
+                self._keys,
+                self.name,
+                self.replica,
+                cursor,
+                block_ms,
+                settle,
+                mark_after,
+                self._replay_keep(),
             )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have delivered entries we never saw
@@ -310,6 +401,8 @@ class Agent(AgentState):
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
+        if replayed:  # settle.lua rejected them (a copy of an earlier signed entry)
+            self._bus.metrics.message_rejected("replay", replayed)
         if mark_after is not None and entries:
             self._fetched_to = entries[-1][0]
         return entries, now
@@ -340,9 +433,17 @@ class Agent(AgentState):
         out = []
         for entry_id, flat, deliveries in claimed:
             f = core.fields_from_flat(flat)
-            ok = core.verdict(self._bus._signer, self._bus.settings.unsigned, self.channel.name, f)
-            if ok is False and self._bus.settings.unsigned == "reject":
-                self._deferred += ["a", entry_id]
+            ok, reason = core.verdict(
+                self._bus._signer,
+                self._bus.settings.unsigned,
+                self.channel.name,
+                entry_id,
+                f,
+                self.name,
+                self.id,
+            )
+            if reason:
+                self._reject(entry_id, reason)
                 continue
             msg = core.message_from_fields(
                 self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
@@ -389,7 +490,7 @@ class Agent(AgentState):
             )
             pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
             for _ in range(50):  # fetch until nothing is left (each call is capped)
-                got = self._bus._io.script("view", [k.stream, k.inbox, k.marks], pull.argv)
+                got = self._bus._io.script("view", k.view, [*pull.argv, self._replay_keep()])
                 if not int(got[2]):
                     break
             self._pel_dirty = True  # the fetch may have taken entries wait() has not returned

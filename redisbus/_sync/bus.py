@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import Any
 
 from .. import _core as core
+from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING
 from .._errors import RedisbusError
@@ -21,7 +22,7 @@ from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
 from .._redis import sync_client
 from .._settings import BusSettings
-from .._signing import Signer
+from .._signing import signer_for
 from .._tasks_sync import Coalescer, Event, Handler, Heart, run_all
 from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
@@ -58,7 +59,8 @@ class Bus:
         self._heart = Heart(self.settings.heartbeat_s, self._beat)
         self._coalescer = Coalescer(self._io)
         self._checked_eviction = False
-        self._signer = Signer(self.settings.signing_keys)
+        self._signer = signer_for(self.settings)
+        otel.load()  # tracing, when opentelemetry is installed (imported once, here)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -241,7 +243,11 @@ def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> No
                 continue
             handling = HANDLING.set((agent, m.id))
             try:
-                handler(agent, m)
+                if otel.on:
+                    with otel.processing(agent, m):
+                        handler(agent, m)
+                else:
+                    handler(agent, m)
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue

@@ -17,7 +17,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .._settings import BusSettings
+from .._cli_base import settings_for
+from ..aio import AsyncBus
 from ._app import LOOPBACK_HOSTS, ConsoleConfig, create_app
 
 __all__ = ["ConsoleConfig", "create_app", "main", "parser"]
@@ -92,16 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError:
         sys.stderr.write("redisbus console: needs the extra: pip install 'redisbus[console]'\n")
         return 1
-    from ..aio import AsyncBus
 
-    updates: dict[str, object] = {"metrics": False}  # it sends nothing: no client metrics
-    if args.url:
-        updates["url"] = args.url
-    if args.prefix:
-        updates["prefix"] = args.prefix
-    if args.cluster:
-        updates["cluster"] = True
-    settings = BusSettings(**updates)  # type: ignore[arg-type]  # validated by pydantic
+    settings = settings_for(args.url, args.prefix, args.cluster)
     hosts = args.allowed_host or (LOOPBACK_HOSTS if args.host in LOOPBACK_HOSTS else ["*"])
     config = ConsoleConfig(
         token=args.token,

@@ -112,6 +112,12 @@ def create_app(bus_factory: Callable[[], AsyncBus], config: ConsoleConfig | None
             raise InvalidInput("the 'channel' query parameter is required")
         return name
 
+    async def loaded_view(request: Request) -> ChannelView:
+        ch = await open_channel(bus(), channel_arg(request))
+        view = ChannelView(ch, cfg.limit, cfg.stuck_after_s)
+        await view.load()
+        return view
+
     async def channels(request: Request) -> Response:
         try:
             rows = await channel_list(bus())
@@ -123,10 +129,7 @@ def create_app(bus_factory: Callable[[], AsyncBus], config: ConsoleConfig | None
 
     async def snapshot(request: Request) -> Response:
         try:
-            view = ChannelView(
-                await open_channel(bus(), channel_arg(request)), cfg.limit, cfg.stuck_after_s
-            )
-            await view.load()
+            view = await loaded_view(request)
             data = await view.snapshot(cfg.token is not None)
         except RedisbusError as e:
             return _failure(e)
@@ -134,10 +137,7 @@ def create_app(bus_factory: Callable[[], AsyncBus], config: ConsoleConfig | None
 
     async def events(request: Request) -> Response:
         try:
-            view = ChannelView(
-                await open_channel(bus(), channel_arg(request)), cfg.limit, cfg.stuck_after_s
-            )
-            await view.load()
+            view = await loaded_view(request)
             await view.changed()
             first = await view.snapshot(cfg.token is not None)
         except RedisbusError as e:

@@ -27,6 +27,33 @@ local function addressed(f, name)
   return to ~= nil and string.find('\n' .. to .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
 end
 
+-- is entry id `a` ("ms-seq") strictly before entry id `b`?
+local function id_before(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, bm = tonumber(am), tonumber(bm)
+  if am ~= bm then return am < bm end
+  return tonumber(as) < tonumber(bs)
+end
+
+-- replay record of signed entries: did an entry before `id` carry the (key, nonce) of its
+-- signature field `sig` ("kid:nonce:...")? `nonces` maps "kid:nonce" to the first entry id
+-- seen with it, `nonce_at` holds when (ms) it was recorded. Copies always come later in the
+-- stream than their original (XADD ids only grow), so the first id wins, whichever recipient
+-- saw which first. With `record`, remember `id` as the first when no earlier one is known.
+local function seen_before(nonces, nonce_at, id, sig, now, record)
+  local kid, nonce = string.match(sig, '^([^:]*):([^:]*):')
+  if not nonce or nonce == '' then return false end
+  local tag = kid .. ':' .. nonce
+  local first = redis.call('HGET', nonces, tag)
+  if first and id_before(first, id) then return true end
+  if record and first ~= id then
+    redis.call('HSET', nonces, tag, id)
+    redis.call('ZADD', nonce_at, now, tag)
+  end
+  return false
+end
+
 -- copy entry `id` (its fields `f`), delivered `deliveries` times to `agent`, to the
 -- dead-letter stream `dlq` (the caller acknowledges it and counts the inbox down)
 local function dead_letter(dlq, id, agent, deliveries, f, now)

@@ -1,31 +1,55 @@
 -- settle.lua: record what a replica did with entries it fetched by a blocking XREADGROUP.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] status
+-- KEYS[5] nonces (hash "kid:nonce" -> the first entry id that carried it)
+-- KEYS[6] nonce times (sorted set "kid:nonce" by the ms it was recorded: what to forget)
 -- ARGV[1] agent (its group)
 -- ARGV[2..] pairs: op, entry id, where op is
 --   "a"  acknowledge an entry not addressed to the agent (it only advanced the group cursor)
 --   "r"  mark an entry addressed to the agent as read (it was returned to the agent in full)
 --   "x"  expire an entry addressed to the agent whose ttl passed before delivery
 --   "d"  mark an entry addressed to the agent done (control messages, consumed on sight)
+--   "j:REASON"  reject an entry addressed to the agent that failed a check (signature, key,
+--        time, addressing): acknowledge it, count the inbox down and mark it "J<ms>:REASON"
+--        (its receipt says rejected)
 --   "s"  set the agent's status to the value in place of the id ("running", "waiting",
 --        "idle"), only while it is one of those: a closed or completed agent keeps its status
---   "n"  in place of the id "AFTER\nCONSUMER": the entries a fetch just gave CONSUMER (its
---        pending entries after AFTER): mark those addressed to the agent read, or expired
---        (as "x") when their ttl passed; acknowledge the others (as "a"); when any was read,
---        set the agent "running" (as "s")
+--   "n"  in place of the id "AFTER\nCONSUMER\nKEEP_MS": the entries a fetch just gave
+--        CONSUMER (its pending entries after AFTER): mark those addressed to the agent read,
+--        or expired (as "x") when their ttl passed; acknowledge the others (as "a"); when any
+--        was read, set the agent "running" (as "s"). With KEEP_MS > 0 (signing on), a signed
+--        entry whose (key, nonce) an earlier entry carried is a replay: rejected (as
+--        "j:replay"); the first entry id of each pair is remembered KEEP_MS
 --
 -- returns the number of ops that changed something; a call that starts with an "n" op returns
--- {that number, seconds, microseconds}: the Redis clock it read, which the fetch needs (the
--- wait path then sends no TIME of its own)
+-- {that number, seconds, microseconds, {replayed entry ids}}: the Redis clock it read, which
+-- the fetch needs (the wait path then sends no TIME of its own), and what it rejected
 --
 -- The wait path sends this around its XREADGROUP in one pipeline: the deferred ops before it,
 -- an "n" op right after it, so the messages a wake-up returns are read at once (receipts and
 -- unread counts say so) and the wake-up never pays a round trip for bookkeeping.
 
 local stream, inbox, marks, status, agent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
+local nonces, nonce_at = KEYS[5], KEYS[6]
 local t = redis.call('TIME')
 local now = time_ms(t)
 local changed = 0
+local replayed = {}
+-- set when an entry was rejected: an entry a raw XADD wrote (an attack) was never counted in,
+-- so the count is kept, at the end, at least what the group still holds pending (repair.lua
+-- gives the exact count)
+local clamp = false
+
+local function reject(id, reason)
+  if redis.call('XACK', stream, agent, id) == 1 then
+    redis.call('HINCRBY', inbox, agent, -1)
+    clamp = true
+    redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':' .. reason)
+    return 1
+  end
+  return 0
+end
+
 for i = 2, #ARGV, 2 do
   local op, id = ARGV[i], ARGV[i + 1]
   if op == 'a' then
@@ -41,19 +65,25 @@ for i = 2, #ARGV, 2 do
       changed = changed + 1
     end
   elseif op == 'n' then
-    local sep = string.find(id, '\n', 1, true)
-    local after, consumer = string.sub(id, 1, sep - 1), string.sub(id, sep + 1)
+    local after, consumer, keep = string.match(id, '^([^\n]*)\n([^\n]*)\n?(%d*)$')
+    keep = tonumber(keep) or 0
     local me, got = '\n' .. agent .. '\n', false
     for _, p in ipairs(redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)) do
       local eid = p[1]
       local e = redis.call('XRANGE', stream, eid, eid)
       if e[1] then
-        local to, ttl, f = '', nil, e[1][2]
+        local to, ttl, sig, f = '', nil, nil, e[1][2]
         for j = 1, #f, 2 do
-          if f[j] == 't' then to = f[j + 1] elseif f[j] == 'x' then ttl = tonumber(f[j + 1]) end
+          local k = f[j]
+          if k == 't' then to = f[j + 1]
+          elseif k == 'x' then ttl = tonumber(f[j + 1])
+          elseif k == 'g' then sig = f[j + 1] end
         end
         if not string.find('\n' .. to .. '\n', me, 1, true) then
           changed = changed + redis.call('XACK', stream, agent, eid)
+        elseif keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
+          changed = changed + reject(eid, 'replay')
+          replayed[#replayed + 1] = eid
         elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
           changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now)
           got = true
@@ -64,10 +94,19 @@ for i = 2, #ARGV, 2 do
         end
       end
     end
+    if keep > 0 then -- forget the pairs older than KEEP_MS, a few per call
+      local old = redis.call('ZRANGEBYSCORE', nonce_at, '-inf', now - keep, 'LIMIT', 0, 100)
+      if old[1] then
+        redis.call('HDEL', nonces, unpack(old))
+        redis.call('ZREM', nonce_at, unpack(old))
+      end
+    end
     if got then -- the agent has work: it runs (as op "s" with "running")
       local s = redis.call('HGET', status, agent)
       if s == 'waiting' or s == 'idle' then redis.call('HSET', status, agent, 'running') end
     end
+  elseif string.sub(op, 1, 2) == 'j:' then
+    changed = changed + reject(id, string.sub(op, 3))
   elseif op == 's' then
     local s = redis.call('HGET', status, agent)
     if (s == 'running' or s == 'waiting' or s == 'idle') and s ~= id then
@@ -76,5 +115,11 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
-if ARGV[2] == 'n' then return {changed, t[1], t[2]} end
+if clamp then
+  local held = redis.call('XPENDING', stream, agent)[1]
+  if tonumber(redis.call('HGET', inbox, agent) or 0) < held then
+    redis.call('HSET', inbox, agent, held)
+  end
+end
+if ARGV[2] == 'n' then return {changed, t[1], t[2], replayed} end
 return changed

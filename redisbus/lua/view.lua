@@ -1,7 +1,8 @@
 -- view.lua: the read and list calls: fetch new entries into the agent's group (read only),
 -- select the messages a filter asks for, and mark the ones addressed to the agent as read.
 --
--- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks
+-- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] nonces  KEYS[5] nonce times
+--   (the replay record of settle.lua: "kid:nonce" -> first entry id, and when it was seen)
 -- ARGV[1]  agent (its group)   ARGV[2] consumer (replica)
 -- ARGV[3]  "1": fetch new entries first (read) — entries not addressed to the agent are
 --          acknowledged at once, the others stay pending until done; "0": change nothing (list)
@@ -11,11 +12,14 @@
 -- ARGV[7]  "1": only unread messages addressed to the agent
 -- ARGV[8]  from filter or ""   ARGV[9] to filter or ""   ARGV[10] subject filter (lower case) or ""
 -- ARGV[11] scope: "board" (every message of the channel) or "own" (to or from the agent)
+-- ARGV[12] replay horizon (ms) when signing is on, else "0": a signed entry whose (key, nonce)
+--          an earlier entry carried is a copy: never shown; one fetched here is rejected
+--          (acknowledged, counted down, marked "J<ms>:replay", as settle.lua does)
 --
 -- returns {now_ms, scanned, more, {id, {field, value, ...}, mark}, ...}
 --   more is 1 when the fetch stopped at its cap (20000 entries) with entries left: call again
 --   mark is "" (unread, or not addressed to the agent), "-" (not addressed to the agent),
---   or the receipt mark ("R..." read, "D..." done)
+--   or the receipt mark ("R..." read, "D..." done); rejected ("J...") entries are left out
 --
 -- Work is bounded: at most 20000 entries are fetched and 20000 scanned per call.
 
@@ -23,6 +27,7 @@ local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
+local nonces, nonce_at, keep = KEYS[4], KEYS[5], tonumber(ARGV[12]) or 0
 local now = now_ms()
 
 local function expired(id, f)
@@ -38,6 +43,22 @@ local function expire(id)
   end
 end
 
+-- a signed entry whose (key, nonce) an earlier entry carried (settle.lua's rule); with
+-- `record`, remember this one as the first when no earlier one is known
+local function copied(id, f, record)
+  local sig = keep > 0 and field(f, 'g')
+  return sig and seen_before(nonces, nonce_at, id, sig, now, record) or false
+end
+local function reject_copy(id)
+  if redis.call('XACK', stream, agent, id) == 1 then
+    -- a copy a raw XADD wrote was never counted in: never below what the group still holds
+    -- pending (as settle.lua; repair.lua gives the exact count)
+    local held = redis.call('XPENDING', stream, agent)[1]
+    if redis.call('HINCRBY', inbox, agent, -1) < held then redis.call('HSET', inbox, agent, held) end
+    redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':replay')
+  end
+end
+
 local more = 0 -- 1: the fetch stopped at its cap with entries left (call again)
 if pull then
   local fetched = 0
@@ -49,10 +70,13 @@ if pull then
       entries = r[2]
       if type(r[1]) == 'table' then entries = r[1][2] end
     end
+    local copies = {} -- rejected once the others' entries are acknowledged (see reject_copy)
     for _, e in ipairs(entries) do
       if not addressed(e[2], agent) then redis.call('XACK', stream, agent, e[1])
-      elseif expired(e[1], e[2]) then expire(e[1]) end
+      elseif expired(e[1], e[2]) then expire(e[1])
+      elseif copied(e[1], e[2], true) then copies[#copies + 1] = e[1] end
     end
+    for _, id in ipairs(copies) do reject_copy(id) end
     fetched = fetched + #entries
     if #entries < 1000 then break end
     if fetched >= 20000 then more = 1 break end
@@ -96,13 +120,18 @@ local function consider(e)
   local mk = '-'
   if mine then
     mk = redis.call('HGET', marks, id .. '\n' .. agent) or ''
-    if string.sub(mk, 1, 1) == 'X' or string.sub(mk, 1, 1) == 'F' then return end
+    local m1 = string.sub(mk, 1, 1)
+    if m1 == 'X' or m1 == 'F' or m1 == 'J' then return end
     if mk == '' and expired(id, f) then
       if mark_read then expire(id) end
       return
     end
   end
   if unread_only and mk ~= '' then return end
+  if copied(id, f, false) then
+    if mine and mark_read then reject_copy(id) end
+    return
+  end
   if mine and mark_read and mk == '' then
     redis.call('HSET', marks, id .. '\n' .. agent, 'R' .. now)
   end

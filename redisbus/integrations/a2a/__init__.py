@@ -21,13 +21,11 @@ A2A error carrying the redisbus reason (see ``docs/a2a.md``).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
-from ..._errors import InvalidInput, RedisbusError
+from ..._errors import InvalidInput
 from ._convert import card_for, refusal
 from ._inbound import BusRequestHandler
 from ._outbound import External, Forwarder
@@ -74,89 +72,15 @@ def parse_external(spec: str, parent: str | None = None) -> External:
     return External(url=url, name=name or None, parent=parent)
 
 
-def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    p = argparse.ArgumentParser(
-        prog="redisbus a2a",
-        description="Serve a channel's members as A2A agents; add external A2A agents to it.",
-    )
-    p.add_argument(
-        "--channel",
-        default=env("REDISBUS_A2A_CHANNEL"),
-        required=not env("REDISBUS_A2A_CHANNEL"),
-        help="channel to bridge (env REDISBUS_A2A_CHANNEL)",
-    )
-    p.add_argument("--host", default=env("REDISBUS_A2A_HOST", "127.0.0.1"), help="bind address")
-    p.add_argument("--port", type=int, default=int(env("REDISBUS_A2A_PORT", "8700")))
-    p.add_argument(
-        "--public-url",
-        default=env("REDISBUS_A2A_PUBLIC_URL"),
-        help="base URL the cards advertise (default http://HOST:PORT)",
-    )
-    p.add_argument(
-        "--tokens-file",
-        default=env("REDISBUS_A2A_TOKENS_FILE"),
-        help='JSON {"TOKEN": "member-name"}: callers and the names they speak as '
-        "(or the JSON itself in env REDISBUS_A2A_TOKENS)",
-    )
-    p.add_argument(
-        "--external",
-        action="append",
-        default=[x for x in env("REDISBUS_A2A_EXTERNAL", "").split(",") if x],
-        help="URL or NAME=URL of an A2A agent to add as a member, repeatable "
-        "(env REDISBUS_A2A_EXTERNAL, comma-separated)",
-    )
-    p.add_argument(
-        "--external-parent",
-        default=env("REDISBUS_A2A_EXTERNAL_PARENT"),
-        help="parent of the external agents' members (family channels)",
-    )
-    p.add_argument(
-        "--send-wait",
-        type=float,
-        default=float(env("REDISBUS_A2A_SEND_WAIT_S", "30")),
-        help="seconds a blocking SendMessage waits for the reply before returning the task",
-    )
-    p.add_argument("--url", default=None, help="Redis URL (default: env REDISBUS_URL)")
-    p.add_argument(
-        "--log-level",
-        default=env("REDISBUS_A2A_LOG_LEVEL", "WARNING"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-    )
-    return p
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``redisbus a2a --channel C``; returns the exit code."""
-    import uvicorn
+    """``redisbus a2a ...`` (the command lives on the ``redisbus`` CLI, ``_cli_a2a``); returns
+    the exit status."""
+    from ...cli import main as cli
 
-    from ... import BusSettings
-
-    a = _parser().parse_args(argv)
     try:
-        tokens = load_tokens(a.tokens_file, os.environ.get("REDISBUS_A2A_TOKENS"))
-        settings = BusSettings(**({"url": a.url} if a.url else {}))
-        config = BridgeConfig(
-            channel=a.channel,
-            tokens=tokens,
-            public_url=a.public_url or f"http://{a.host}:{a.port}",
-            externals=[parse_external(x, a.external_parent) for x in a.external],
-            settings=settings,
-            send_wait_s=a.send_wait,
-        )
-    except (RedisbusError, OSError) as e:
-        print(f"redisbus a2a: {getattr(e, 'code', 'error')}: {e}", file=sys.stderr)
-        return 2
-    if not tokens:
-        print(
-            "redisbus a2a: no caller tokens (REDISBUS_A2A_TOKENS or --tokens-file): "
-            "cards are served, every call is refused",
-            file=sys.stderr,
-        )
-    try:
-        uvicorn.run(build_app(config), host=a.host, port=a.port, log_level=a.log_level.lower())
-    except KeyboardInterrupt:
-        return 130
+        cli(["a2a", *(sys.argv[1:] if argv is None else argv)])
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
     return 0
 
 

@@ -49,6 +49,7 @@ from a2a.utils.errors import (
 
 from ... import AsyncAgent, AsyncChannel, RedisbusError
 from ... import Message as BusMessage
+from ... import _otel as otel
 from ._convert import TERMINAL, agent_message, refusal, state_of, task_of, text_of
 
 __all__ = ["BusRequestHandler"]
@@ -147,11 +148,19 @@ class BusRequestHandler(RequestHandler):
         # optional bus fields a caller may set in the message's metadata
         subject = str(msg.metadata["subject"]) if "subject" in msg.metadata else ""
         ttl_s = msg.metadata["ttl_s"] if "ttl_s" in msg.metadata else None  # noqa: SIM401 - a protobuf Struct has no .get()
+        headers = context.state.get("headers")
         try:
-            async with who.lock:
-                r = await who.agent.send(
-                    member, body, subject=subject, type="request", reply_to=reply_to, ttl_s=ttl_s
-                )
+            # a caller's traceparent header continues into the member's processing span
+            with otel.continued(headers if isinstance(headers, dict) else {}):
+                async with who.lock:
+                    r = await who.agent.send(
+                        member,
+                        body,
+                        subject=subject,
+                        type="request",
+                        reply_to=reply_to,
+                        ttl_s=ttl_s,
+                    )
         except RedisbusError as e:
             raise refusal(e) from e
         t = _Task(

@@ -33,6 +33,7 @@ from a2a.types.a2a_pb2 import (
 
 from ... import AsyncAgent, AsyncChannel, LimitExceeded, RedisbusError
 from ... import Message as BusMessage
+from ... import _otel as otel
 from ._convert import TERMINAL, external_name
 
 __all__ = ["External", "Forwarder", "answer_text", "fetch_card"]
@@ -124,7 +125,9 @@ class Forwarder:
                     if m.type in ("control", "outcome"):
                         await s.agent.mark_done(m, result="not forwarded")
                     else:
-                        await self._forward(s, m)
+                        # a process span when tracing: the reply continues the sender's trace
+                        with otel.processing(s.agent, m):
+                            await self._forward(s, m)
                 except Exception:  # left pending: redelivered after its lease
                     log.exception("redisbus a2a: forwarding %s to %s failed", m.id, s.agent.name)
 

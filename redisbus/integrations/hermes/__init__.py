@@ -77,7 +77,7 @@ def runtime() -> Runtime:
 
 def _hermes_config() -> dict[str, Any]:
     try:
-        from hermes_cli.config import load_config
+        from hermes_cli.config import load_config  # Hermes' own modules exist only inside it
 
         cfg = load_config()
         return cfg if isinstance(cfg, dict) else {}
@@ -131,7 +131,7 @@ def register(ctx: Any) -> None:
 
 
 def _installed() -> bool:
-    from hermes_cli.plugins import get_plugin_manager
+    from hermes_cli.plugins import get_plugin_manager  # only inside Hermes
     from tools.registry import registry
 
     pm = get_plugin_manager()
@@ -165,7 +165,7 @@ def activate(config: ChannelConfig | None = None, bus: Any = None) -> Runtime:
         if old is not None:
             old.close()
         return rt
-    from hermes_cli.plugins import PluginContext, PluginManifest, get_plugin_manager
+    from hermes_cli.plugins import PluginContext, PluginManifest, get_plugin_manager  # in Hermes
 
     ctx = PluginContext(PluginManifest(name="redisbus", source="entrypoint"), get_plugin_manager())
     _install(ctx, rt)
@@ -223,7 +223,7 @@ def delegate_task(
     ``background=True`` Hermes returns at once and delivers results later. Returns Hermes's
     result as a dict, plus ``channel`` when the channel is on.
     """
-    from tools.delegate_tool import delegate_task as hermes_delegate_task
+    from tools.delegate_tool import delegate_task as hermes_delegate_task  # only inside Hermes
 
     channel: str | None = None
     if enable_agent_channel:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ... import Bus, ChannelMismatch
 from ._config import ChannelConfig
 from ._persona import persona_from_goal
 
@@ -154,8 +155,6 @@ class Runtime:
             return self._bus
 
     def _default_bus(self) -> Any:
-        from redisbus import Bus
-
         if self.config.url:
             return Bus.from_url(self.config.url)
         return Bus.embedded()
@@ -164,8 +163,6 @@ class Runtime:
         with self._lock:
             ch = self._channels.get(name)
             if ch is None:
-                from redisbus import ChannelMismatch
-
                 kw: dict[str, Any] = dict(self.config.limits)
                 try:
                     ch = self.bus.channel(

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ... import RedisbusError
 from ._runtime import FRAME, ChannelToolError, Runtime, message_dict, receipt_dict
 
 log = logging.getLogger("redisbus.integrations.hermes")
@@ -67,7 +68,7 @@ SCHEMA: dict[str, Any] = {
 def _error_json(message: str, **extra: Any) -> str:
     """Hermes's tool error shape (``tools.registry.tool_error``): ``{"error": ..., ...}``."""
     try:
-        from tools.registry import tool_error
+        from tools.registry import tool_error  # only inside Hermes
 
         return str(tool_error(message, **extra))
     except Exception:  # outside Hermes: same shape
@@ -76,7 +77,7 @@ def _error_json(message: str, **extra: Any) -> str:
 
 def _interrupted() -> bool:
     try:
-        from tools.interrupt import is_interrupted
+        from tools.interrupt import is_interrupted  # only inside Hermes
 
         return bool(is_interrupted())
     except Exception:
@@ -108,8 +109,6 @@ def make_handler(get_runtime: Callable[[], Runtime]) -> Callable[..., str]:
         except ChannelToolError as e:
             return _error_json(str(e), **e.extra)
         except Exception as e:
-            from redisbus import RedisbusError
-
             if isinstance(e, RedisbusError):
                 return _bus_error(e)
             log.exception("agent_channel failed")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._command import main
 from ._schema import TOOL_NAMES
 
 if TYPE_CHECKING:
@@ -44,11 +43,11 @@ __all__ = [
     "AgentTools",
     "Card",
     "build_server",
-    "main",
     "serve",
     "serve_async",
 ]
 
+# the MCP SDK is an optional extra: imported when one of these names is first used
 _LAZY = {
     "AgentTools": "._tools",
     "Card": "._tools",

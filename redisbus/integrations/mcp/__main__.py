@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from ..._cli_run import run_command
 
-sys.exit(main())
+sys.exit(run_command("mcp"))

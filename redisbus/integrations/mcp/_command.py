@@ -5,17 +5,16 @@ one line and exits 1 refused, 2 bad input, 3 no Redis). Imports no MCP SDK until
 
 from __future__ import annotations
 
-import ipaddress
-import sys
-from collections.abc import Sequence
 from typing import Annotated
 
 import typer
 
-from ..._cli_base import ClusterOpt, Exit, PrefixOpt, UrlOpt
+from ..._cli_base import ClusterOpt, Exit, PrefixOpt, UrlOpt, given
+from ..._errors import InvalidInput
+from ..._settings import BusSettings
+from ._exposure import check_exposure
 
 TRANSPORTS = ("stdio", "http", "streamable-http")
-LOOPBACK_NAMES = ("localhost",)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 HELP = """Serve one agent as MCP tools (stdio, or streamable HTTP).
@@ -28,28 +27,6 @@ Over HTTP (`--transport http`, endpoint `/mcp`), `--token` makes every request c
 `Authorization: Bearer TOKEN` (others get 401). Without a token the server binds only to a
 loopback address: a non-loopback `--host` without one is refused.
 """
-
-
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_exposure(transport: str, host: str, token: str | None) -> None:
-    """Refuse to serve the HTTP transport beyond this machine without a token: anyone who can
-    reach the port would speak as this agent."""
-    from ..._errors import InvalidInput
-
-    if transport != "stdio" and not token and not is_loopback(host):
-        raise InvalidInput(
-            f"refusing to serve MCP over HTTP on {host} without a token: anyone who reaches "
-            "the port could act as this agent. Set --token (REDISBUS_MCP_TOKEN), or bind to "
-            "127.0.0.1 and put an authenticating proxy in front."
-        )
 
 
 def mcp(
@@ -127,9 +104,6 @@ def mcp(
     prefix: PrefixOpt = None,
     cluster: ClusterOpt = False,
 ) -> None:
-    from ..._errors import InvalidInput
-    from ..._settings import BusSettings
-
     if transport not in TRANSPORTS:
         raise InvalidInput(f"--transport must be stdio or http, got {transport!r}")
     level = log_level.upper()
@@ -140,21 +114,14 @@ def mcp(
     cards = [s.strip() for item in skills or () for s in item.split(",") if s.strip()]
     check_exposure(transport, host, token)
     try:
-        from ._server import serve  # the MCP SDK, from here on
+        from ._server import serve  # the MCP SDK (an optional extra), from here on
     except ModuleNotFoundError as e:
         if (e.name or "").startswith("redisbus"):
             raise
         raise Exit(f"`redisbus mcp` needs the mcp extra (missing {e.name}): pip install "
                    "'redisbus[mcp]'", 1) from e  # fmt: skip
 
-    kw: dict[str, object] = {}
-    if url:
-        kw["url"] = url
-    if prefix:
-        kw["prefix"] = prefix
-    if cluster:
-        kw["cluster"] = True
-    settings = BusSettings(**kw)  # type: ignore[arg-type]
+    settings = BusSettings(**given(url=url, prefix=prefix, cluster=cluster))
     serve(
         channel,
         agent,
@@ -177,15 +144,3 @@ mcp.__doc__ = HELP
 def register(app: typer.Typer) -> None:
     """Add ``mcp`` to the ``redisbus`` app."""
     app.command("mcp")(mcp)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m redisbus.integrations.mcp ARGS``: ``redisbus mcp ARGS``; returns the exit
-    status."""
-    from ...cli import main as cli_main
-
-    try:
-        cli_main(["mcp", *(sys.argv[1:] if argv is None else argv)])
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    return 0

@@ -20,7 +20,7 @@ from mcp.types import CallToolResult, EmptyResult, SetLevelRequestParams, TextCo
 from pydantic import Field
 
 from ... import AsyncBus, BusSettings, InvalidInput, __version__
-from ._command import check_exposure
+from ._exposure import check_exposure
 from ._schema import (
     FRAMING,
     SEND_TYPES,
@@ -318,7 +318,7 @@ class BearerAuth:
 async def _serve_http(
     server: MCPServer[Any], host: str, port: int, token: str | None, log_level: str
 ) -> None:
-    import uvicorn
+    import uvicorn  # only the HTTP transport needs it
 
     # the SDK turns on DNS-rebinding protection (Host/Origin checks) for loopback hosts
     app: Any = server.streamable_http_app(host=host)

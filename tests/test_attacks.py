@@ -1,0 +1,369 @@
+"""Attacks on identity (issue 17, SPEC §6), each made with raw redis-py against a real
+redis-server and a Redis Cluster (channels on several shards): forged, redirected and
+replayed entries, replayed control messages and outcomes, names not owned, keys used off
+their channels, revoked keys. Each is refused, and leaves inbox counts, statuses and
+streams as they were, apart from the rejected entry being acknowledged. Also issue 16 item 4:
+a dropped entry counts the inbox down and shows ``rejected`` on the sender's receipt."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from redisbus import Bus, BusSettings, NotPermitted
+from redisbus._signing import signer_for
+from redisbus._trust import generate_key
+from redisbus.metrics import BusMetrics
+
+pytest_plugins = ["tests.cluster_servers"]
+
+FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+_turn = itertools.count()
+
+
+class Env:
+    """A Redis (standalone or Cluster), a raw client on it, and per-host keys with a trust
+    list: host-a speaks for "a-*" agents and the director, host-b for "b-*", both on "atk-*"
+    channels; host-c only on "other-*" channels."""
+
+    def __init__(self, url: str, cluster: bool, raw: Any, tmp: Path, shards: list[str]):
+        self.url, self.cluster, self.raw, self.tmp, self.shards = url, cluster, raw, tmp, shards
+        self.trust = tmp / "trust.json"
+        self.doc: dict[str, Any] = {"keys": {}, "revoked": []}
+        self.key_files: dict[str, str] = {}
+        for host, channels, agents in (
+            ("host-a", ["atk-*"], ["a-*", "director"]),
+            ("host-b", ["atk-*"], ["b-*"]),
+            ("host-c", ["other-*"], ["c-*"]),
+        ):
+            path = str(tmp / f"{host}.pem")
+            public = generate_key(path)
+            self.key_files[host] = path
+            self.doc["keys"][host] = {"public": public, "channels": channels, "agents": agents}
+        self.write_trust()
+        self.buses: list[Bus] = []
+
+    def write_trust(self) -> None:
+        self.trust.write_text(json.dumps(self.doc))
+        # a later write within the same mtime tick must still be seen
+        st = self.trust.stat()
+        os.utime(self.trust, ns=(st.st_atime_ns, st.st_mtime_ns + next(_turn) * 10_000_000))
+
+    def settings(self, host: str, **kw: Any) -> BusSettings:
+        return BusSettings(
+            metrics=False,
+            host=host,
+            trust_file=str(self.trust),
+            signing_key_file=self.key_files[host],
+            **kw,
+        )
+
+    def bus(self, host: str, **kw: Any) -> Bus:
+        b = Bus.from_url(self.url, cluster=self.cluster, settings=self.settings(host, **kw))
+        self.buses.append(b)
+        return b
+
+    def channel_name(self) -> str:
+        return self.shards[next(_turn) % len(self.shards)] + f"-{next(_turn)}"
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Env]:
+    if request.param == "standalone":
+        srv = request.getfixturevalue("redis7")
+        srv.client().flushall()
+        e = Env(srv.url, False, srv.client(), tmp_path, ["atk-s"])
+    else:
+        cluster = request.getfixturevalue("redis_cluster")
+        cluster.wait_healthy()
+        cluster.flush()
+        # one channel prefix per primary: the tests' channels land on every shard
+        shards = [cluster.channel_on(p, prefix="atk-") for p in cluster.primaries()]
+        e = Env(cluster.url, True, cluster.client(), tmp_path, shards)
+    yield e
+    for b in e.buses:
+        b.close()
+
+
+def snapshot(raw: Any, ch: Any) -> dict[str, Any]:
+    k = ch.keys
+    groups = {g["name"]: g["pending"] for g in raw.xinfo_groups(k.stream)}
+    return {
+        "inbox": {n: int(v) for n, v in raw.hgetall(k.inbox).items()},
+        "status": raw.hgetall(k.status),
+        "pending": groups,
+    }
+
+
+def copy_of(raw: Any, ch: Any, entry_id: str, **changes: str) -> str:
+    """XADD a copy of entry ``entry_id`` with ``changes`` to its fields (an attacker with raw
+    write access and no key)."""
+    ((_, fields),) = raw.xrange(ch.keys.stream, entry_id, entry_id)
+    fields.update(changes)
+    return str(raw.xadd(ch.keys.stream, fields))
+
+
+def mark_of(raw: Any, ch: Any, entry_id: str, agent: str) -> str:
+    return str(raw.hget(ch.keys.marks, f"{entry_id}\n{agent}") or "")
+
+
+def test_a_forged_entry_without_a_key_is_refused(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    ch.join("director")
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    before = snapshot(env.raw, ch)
+    unsigned = str(env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "pay"}))
+    fake = str(
+        env.raw.xadd(
+            ch.keys.stream,
+            {"f": "a-writer", "t": "a-reader", "b": "pay", "g": "host-a:ab:00:one:a-reader"},
+        )
+    )
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    writer.send("a-reader", "genuine")
+    got = reader.wait(timeout=5)
+    assert [m.body for m in got.messages] == ["genuine"]
+    reader.mark_done(got.messages[0])
+    reader.flush()
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, unsigned, "a-reader").endswith(":unsigned")
+    assert mark_of(env.raw, ch, fake, "a-reader").endswith(":bad_signature")
+
+
+def test_a_signed_entry_redirected_to_another_agent_is_refused(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    b_reader, c_reader = ch.join("a-b"), ch.join("a-c")
+    writer = ch.join("a-writer")
+    r = writer.send("a-b", "for b only")
+    before = snapshot(env.raw, ch)
+    forged = copy_of(env.raw, ch, r.id, t="a-c")
+    assert c_reader.wait(timeout=0.5).kind == "timeout"
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, forged, "a-c").endswith(":misaddressed")
+    assert [m.body for m in b_reader.wait(timeout=5).messages] == ["for b only"]
+
+
+def test_an_exact_replay_is_refused_and_shows_rejected(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    r = writer.send("a-reader", "once")
+    got = reader.wait(timeout=5)
+    assert [m.body for m in got.messages] == ["once"]
+    reader.mark_done(got.messages[0])
+    before = snapshot(env.raw, ch)
+    env.raw.hincrby(ch.keys.inbox, "a-reader", 1)  # the attacker counts its copy in, too
+    copy = copy_of(env.raw, ch, r.id)
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, copy, "a-reader").endswith(":replay")
+    (receipt,) = writer.receipt(copy)
+    assert receipt.status == "rejected" and receipt.error is not None
+    assert receipt.error.reason == "replay"  # type: ignore[attr-defined]
+
+
+def test_a_replay_is_refused_by_read_and_hidden_from_list(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    r = writer.send("a-reader", "once")
+    assert [m.body for m in reader.read()] == ["once"]
+    reader.mark_done(r.id)
+    before = snapshot(env.raw, ch)
+    env.raw.hincrby(ch.keys.inbox, "a-reader", 1)
+    copy = copy_of(env.raw, ch, r.id)
+    assert [m.id for m in reader.list(filter_by="all")] == [r.id]
+    assert reader.read() == []
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, copy, "a-reader").endswith(":replay")
+
+
+def test_a_replayed_cancel_cancels_nobody(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), routing="family", **FAST)
+    director = ch.join("director")
+    one, two = ch.join("a-one", parent="director"), ch.join("a-two", parent="director")
+    director.cancel("a-one", reason="changed plan")
+    assert one.wait(timeout=5).kind == "cancelled"
+    ((ctl_id, _),) = [(i, f) for i, f in env.raw.xrange(ch.keys.stream) if f.get("k") == "control"]
+    before = snapshot(env.raw, ch)
+    env.raw.hincrby(ch.keys.inbox, "a-two", 1)
+    copy_of(env.raw, ch, ctl_id, t="a-two")
+    assert two.wait(timeout=0.5).kind == "timeout"
+    two.flush()
+    after = snapshot(env.raw, ch)
+    assert after == before
+    assert after["status"]["a-two"] != "cancelled"
+
+
+def test_a_replayed_outcome_reaches_the_parent_once(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), routing="family", **FAST)
+    director = ch.join("director")
+    child = ch.join("a-child", parent="director")
+    child.complete("all done")
+    got = director.wait(timeout=5)
+    assert got.kind == "outcome"
+    director.mark_done(got.messages[0])
+    before = snapshot(env.raw, ch)
+    env.raw.hincrby(ch.keys.inbox, "director", 1)
+    copy_of(env.raw, ch, got.messages[0].id)
+    assert director.wait(timeout=0.5).kind == "timeout"
+    director.flush()
+    assert snapshot(env.raw, ch) == before
+
+
+def test_a_host_cannot_join_under_a_name_it_does_not_own(env: Env) -> None:
+    a, b = env.bus("host-a"), env.bus("host-b")
+    name = env.channel_name()
+    ch_a = a.channel(name, **FAST)
+    ch_a.join("a-alice")
+    before = snapshot(env.raw, ch_a)
+    with pytest.raises(NotPermitted):
+        b.channel(name).join("a-alice")
+    with pytest.raises(NotPermitted):
+        b.channel(name).join("a-alice", replica="host-b/1")
+    assert snapshot(env.raw, ch_a) == before
+    assert b.channel(name).join("b-bob").name == "b-bob"  # its own names work
+
+
+def test_a_key_is_refused_on_a_channel_it_is_not_allowed_on(env: Env) -> None:
+    a, c = env.bus("host-a"), env.bus("host-c")
+    name = env.channel_name()
+    ch = a.channel(name, **FAST)
+    reader = ch.join("a-reader")
+    with pytest.raises(NotPermitted):
+        c.channel(name).join("c-carol")
+    # host-c's key, used by hand on this channel for a name it owns elsewhere
+    signer = signer_for(env.settings("host-c"))
+    fields = {"f": "c-carol", "t": "a-reader", "b": "hello"}
+    g, n = signer.sign(name, fields, mode="one", recipients=["a-reader"])
+    before = snapshot(env.raw, ch)
+    forged = str(env.raw.xadd(ch.keys.stream, {**fields, "g": g, "n": n}))
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, forged, "a-reader").endswith(":not_allowed")
+
+
+def test_a_revoked_key_is_refused_without_a_restart(env: Env) -> None:
+    a, b = env.bus("host-a"), env.bus("host-b")
+    name = env.channel_name()
+    ch_b = b.channel(name, **FAST)
+    reader = ch_b.join("b-reader")
+    writer = a.channel(name).join("a-writer")
+    writer.send("b-reader", "before revocation")
+    assert [m.body for m in reader.wait(timeout=5).messages] == ["before revocation"]
+    r = writer.send("b-reader", "after revocation")
+    env.doc["revoked"] = ["host-a"]
+    env.write_trust()
+    time.sleep(1.1)  # the trust file is looked at once a second
+    before_inbox = int(env.raw.hget(ch_b.keys.inbox, "b-reader"))
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert int(env.raw.hget(ch_b.keys.inbox, "b-reader")) == before_inbox - 1
+    (receipt,) = writer.receipt(r.id)
+    assert receipt.status == "rejected"
+    assert receipt.error is not None and "revoked" in str(receipt.error)
+    with pytest.raises(NotPermitted):  # and host-a may no longer join as its agents
+        a.channel(name).join("a-new")
+
+
+def test_a_signature_made_outside_the_window_is_refused(env: Env) -> None:
+    bus = env.bus("host-a")
+    name = env.channel_name()
+    ch = bus.channel(name, **FAST)
+    reader = ch.join("a-reader")
+    signer = signer_for(env.settings("host-a"))
+    fields = {"f": "a-writer", "t": "a-reader", "b": "signed two minutes ago"}
+    old = str(int(time.time() * 1000) - 120_000)
+    g, n = signer.sign(name, fields, mode="one", recipients=["a-reader"], ts=old)
+    forged = str(env.raw.xadd(ch.keys.stream, {**fields, "g": g, "n": n}))
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert mark_of(env.raw, ch, forged, "a-reader").endswith(":stale")
+
+
+def test_the_shared_hmac_mode_has_the_same_rules(env: Env) -> None:
+    keys = {"k1": "fleet-secret"}
+    bus = Bus.from_url(
+        env.url, cluster=env.cluster, settings=BusSettings(metrics=False, signing_keys=keys)
+    )
+    env.buses.append(bus)
+    ch = bus.channel(env.channel_name(), **FAST)
+    b, c, writer = ch.join("b"), ch.join("c"), ch.join("writer")
+    r = writer.send("b", "for b")
+    assert [m.body for m in b.wait(timeout=5).messages] == ["for b"]
+    before = snapshot(env.raw, ch)
+    redirected = copy_of(env.raw, ch, r.id, t="c")
+    replayed = copy_of(env.raw, ch, r.id)
+    assert c.wait(timeout=0.5).kind == "timeout"
+    assert b.wait(timeout=0.5).kind == "timeout"
+    b.flush()
+    c.flush()
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, redirected, "c").endswith(":replay")
+    assert mark_of(env.raw, ch, replayed, "b").endswith(":replay")
+
+
+def test_rejected_entries_count_the_inbox_down(env: Env) -> None:
+    """Issue 16 item 4: three unsigned sends to an inbox of 3 no longer fill it for good."""
+    signed = env.bus("host-a")
+    unsigned = Bus.from_url(env.url, cluster=env.cluster, settings=BusSettings(metrics=False))
+    env.buses.append(unsigned)
+    name = env.channel_name()
+    ch = signed.channel(name, inbox_cap=3, **FAST)
+    reader = ch.join("a-reader")
+    sender = unsigned.channel(name).join("x-sender")
+    sent = [sender.send("a-reader", f"unsigned {i}") for i in range(3)]
+    assert int(env.raw.hget(ch.keys.inbox, "a-reader")) == 3
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert int(env.raw.hget(ch.keys.inbox, "a-reader")) == 0
+    for r in sent:
+        (receipt,) = sender.receipt(r.id)
+        assert receipt.status == "rejected"
+        assert receipt.error is not None and receipt.error.reason == "unsigned"  # type: ignore[attr-defined]
+    ch.join("a-writer").send("a-reader", "now it fits")
+    assert [m.body for m in reader.wait(timeout=5).messages] == ["now it fits"]
+
+
+def test_the_rejections_are_counted_by_reason(redis7: Any, tmp_path: Path) -> None:
+    redis7.client().flushall()
+    e = Env(redis7.url, False, redis7.client(), tmp_path, ["atk-m"])
+    registry = CollectorRegistry()
+    bus = Bus.from_url(
+        e.url, settings=e.settings("host-a"), metrics=BusMetrics(registry, host="host-a")
+    )
+    try:
+        ch = bus.channel("atk-metrics", **FAST)
+        reader, writer = ch.join("a-reader"), ch.join("a-writer")
+        r = writer.send("a-reader", "x")
+        reader.wait(timeout=5)
+        copy_of(e.raw, ch, r.id)
+        e.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "forged"})
+        assert reader.wait(timeout=0.5).kind == "timeout"
+        sample = registry.get_sample_value
+        for reason in ("replay", "unsigned"):
+            labels = {"reason": reason, "host": "host-a"}
+            assert sample("redisbus_messages_rejected_total", labels) == 1.0
+    finally:
+        bus.close()
+
+
+def test_public_keys_in_the_trust_list_are_base64_of_32_bytes(tmp_path: Path) -> None:
+    public = generate_key(str(tmp_path / "k.pem"))
+    assert len(base64.b64decode(public)) == 32
+    assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
