@@ -24,8 +24,9 @@ demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS
 test: $(STAMP)  ## run the whole test suite against real Redis servers the fixtures start
 	$(BIN)/python -m tests.run
 
-soak: $(STAMP)  ## the model-based test for ten minutes (REDISBUS_SOAK_S=seconds to change)
+soak: $(STAMP)  ## the model-based test for ten minutes (REDISBUS_SOAK_S=seconds), then the soak tests
 	REDISBUS_SOAK=1 $(BIN)/python -m pytest tests/test_model_based.py -q -s -p no:cacheprovider
+	$(BIN)/python -m pytest -m soak -q -s -p no:cacheprovider
 
 bench: $(STAMP)  ## benchmarks beside their baselines; writes bench/results.json
 	$(BIN)/python -m bench

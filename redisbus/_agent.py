@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import logging
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any
 
 from . import _core as core
@@ -15,6 +16,10 @@ from ._filters import check_entry_id
 from ._model import Message, Receipt, WaitResult, id_ms
 
 log = logging.getLogger("redisbus")
+
+#: The message a ``serve`` handler is handling, with the handle it came to: what that handle
+#: sends meanwhile continues the message's chain (a context variable: per task, per thread).
+HANDLING: ContextVar[tuple[Any, str] | None] = ContextVar("redisbus_handling", default=None)
 
 
 class AgentState:
@@ -51,7 +56,10 @@ class AgentState:
         self._deferred: builtins.list[str] = []
         self._recovered = False
         self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
-        self._handed: set[str] = set()  # ids returned to this handle and not yet done
+        # ids returned to this handle and not yet done, with their chain depth: what it sends
+        # meanwhile is caused by one of them (see _cause)
+        self._handed: dict[str, int] = {}
+        self._deepest: tuple[str, int] | None = None  # the deepest of them, once known
         # the last entry id a new-message fetch gave this replica: the next fetch marks what
         # it gets after it read, on the server, in the same round trip
         self._fetched_to = "0-0"
@@ -88,6 +96,38 @@ class AgentState:
             m.sent(type_, n)
         for code in refused:
             m.rejected(code)
+
+    def _hand(self, messages: Iterable[Message]) -> None:
+        """These messages are now this handle's to handle."""
+        deepest = self._deepest
+        for m in messages:
+            self._handed[m.id] = m.depth
+            if deepest is not None and m.depth >= deepest[1]:
+                deepest = (m.id, m.depth)
+        self._deepest = deepest
+
+    def _drop_handed(self, ids: Iterable[str]) -> None:
+        """These messages are done with: they cause nothing any more."""
+        pop = self._handed.pop
+        for i in ids:
+            pop(i, None)
+        if self._deepest is not None and self._deepest[0] not in self._handed:
+            self._deepest = None
+
+    def _cause(self) -> str:
+        """The message a send of this handle continues the chain of: the one a ``serve``
+        handler is handling, else the deepest of those handed to it and not done (a loop
+        of new messages grows deeper through whichever one caused it), else none."""
+        current = HANDLING.get()
+        if current is not None and current[0] is self:
+            return str(current[1])
+        if not self._handed:
+            return ""
+        if self._deepest is None:
+            best = max(self._handed.values())
+            # the latest of the deepest: dicts keep insertion order
+            self._deepest = next((i, d) for i, d in reversed(self._handed.items()) if d == best)
+        return self._deepest[0]
 
     def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
         if not self._deferred:
@@ -145,7 +185,7 @@ class AgentState:
             if msg.type == "control":
                 deferred += ["d", entry_id]
             else:
-                self._handed.add(entry_id)
+                self._hand((msg,))
                 if not marked:
                     deferred += ["r", entry_id]
         if out:

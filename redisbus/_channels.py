@@ -32,6 +32,7 @@ LIMITS: tuple[str, ...] = (
     "sender_rate_burst",
     "sender_rate_per_s",
     "max_chain_depth",
+    "max_chain_messages",
     "max_depth",
     "max_members",
     "max_messages",
@@ -50,6 +51,7 @@ _INT_LIMITS = frozenset(
         "max_body_bytes",
         "max_name_chars",
         "max_chain_depth",
+        "max_chain_messages",
         "max_depth",
         "max_members",
         "max_messages",
@@ -177,3 +179,5 @@ class SweepReport:
     dead_lettered: int = 0
     consumers_removed: int = 0
     expired_undone: int = 0
+    rate_pruned: int = 0  # idle rate fields dropped (refilled buckets, past windows)
+    rate_scanning: int = 0  # 1 while the walk over the rate fields has not come round

@@ -136,9 +136,19 @@ def ssl_options(settings: BusSettings) -> dict[str, Any]:
 
 
 def no_retry() -> Any:
-    """redis-py retries nothing by itself: the bus decides what is safe to repeat."""
+    """redis-py retries nothing by itself: the bus decides what is safe to repeat (a send
+    without an idempotency key is never repeated, so a write whose reply was lost is never
+    written twice). Given to every client kind: standalone, Sentinel, Cluster."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+def no_retry_async() -> Any:
+    """``no_retry`` for the asyncio clients (their own ``Retry`` class)."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
     return Retry(NoBackoff(), 0)
 
@@ -165,7 +175,7 @@ def sync_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
 
         opts.pop("health_check_interval", None)
         try:  # the sync cluster client connects in its constructor
-            return RedisCluster.from_url(url, **opts), True
+            return RedisCluster.from_url(url, retry=no_retry(), **opts), True
         except (rx.RedisError, rx.RedisClusterException, OSError) as e:
             raise classify(e)[1] from e
     return redis.Redis.from_url(url, retry=no_retry(), **opts), False
@@ -186,20 +196,17 @@ def async_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
             opts["ssl"] = True
             sentinel_kw.update(ssl=True, **ssl_options(settings))
         s = Sentinel(  # type: ignore[no-untyped-call]
-            list(t.sentinels), sentinel_kwargs=sentinel_kw, db=t.db, **opts
+            list(t.sentinels), sentinel_kwargs=sentinel_kw, db=t.db, retry=no_retry_async(), **opts
         )
         return s.master_for(t.service, db=t.db), False
     if t.kind == "cluster":
         from redis.asyncio.cluster import RedisCluster
 
         opts.pop("health_check_interval", None)
-        return RedisCluster.from_url(url, **opts), True
-    from redis.asyncio.retry import Retry
-    from redis.backoff import NoBackoff
-
+        return RedisCluster.from_url(url, retry=no_retry_async(), **opts), True
     if not t.ssl and url.startswith("redis://"):
         opts["connection_class"] = _fast_async_connection()
-    return aredis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **opts), False
+    return aredis.Redis.from_url(url, retry=no_retry_async(), **opts), False
 
 
 def _fast_async_connection() -> Any:

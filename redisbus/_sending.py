@@ -59,7 +59,10 @@ def plan_send(
     signer: Signer | None = None,
     channel: str = "",
     parent: str | None = None,
+    cause: str = "",
 ) -> SendPlan:
+    """``cause``: the entry id of the message the sender is handling ("" when none): the new
+    message joins its chain, one deeper (send.lua reads the chain from that entry)."""
     mode, names = check.recipients(to)
     text_body = check.body(body)
     subj = check.text(subject, "subject")
@@ -110,6 +113,7 @@ def plan_send(
             tr,
             sig,
             ts,
+            cause,
         ],
     )
 
@@ -120,9 +124,11 @@ def plan_batch(
     signer: Signer | None,
     channel: str,
     parent: str | None = None,
+    cause: str = "",
 ) -> tuple[list[SendPlan], list[str]]:
     """send_many's items checked (all of them, before anything is sent): their plans and
-    message types. An item is a ``(to, body)`` pair or a mapping of send() arguments."""
+    message types. An item is a ``(to, body)`` pair or a mapping of send() arguments; each
+    carries ``cause`` (see plan_send)."""
     if isinstance(items, str | bytes | Mapping) or not isinstance(items, Iterable):
         raise InvalidInput(f"send_many takes a list of items, got {type(items).__name__}")
     plans: list[SendPlan] = []
@@ -146,11 +152,24 @@ def plan_batch(
             )
         if kw:
             plans.append(
-                plan_send(sender, to, body, **kw, signer=signer, channel=channel, parent=parent)
+                plan_send(
+                    sender,
+                    to,
+                    body,
+                    **kw,
+                    signer=signer,
+                    channel=channel,
+                    parent=parent,
+                    cause=cause,
+                )
             )
             types.append(kw.get("type", "message"))
         else:  # a pair: send()'s defaults
-            plans.append(plan_send(sender, to, body, signer=signer, channel=channel, parent=parent))
+            plans.append(
+                plan_send(
+                    sender, to, body, signer=signer, channel=channel, parent=parent, cause=cause
+                )
+            )
             types.append("message")
     return plans, types
 

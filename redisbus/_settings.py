@@ -76,7 +76,15 @@ class BusSettings(BaseSettings):
     pair_rate_per_s: float = Field(default=1.0, ge=0, description="pair bucket refill")
     sender_rate_burst: float = Field(default=60, ge=0, description="0 disables it")
     sender_rate_per_s: float = Field(default=20.0, ge=0, description="sender bucket refill")
-    max_chain_depth: int = Field(default=10, ge=0, description="replies of replies")
+    max_chain_depth: int = Field(
+        default=10, ge=0, description="replies of replies, and messages sent while handling one"
+    )
+    max_chain_messages: int = Field(
+        default=100,
+        ge=0,
+        description="messages one chain may hold (a message and every message sent while "
+        "handling one of them, replies included), 0 = none",
+    )
     max_depth: int = Field(default=0, ge=0, description="team budget: tree depth, 0 = none")
     max_members: int = Field(default=0, ge=0, description="team budget: members, 0 = none")
     max_messages: int = Field(default=0, ge=0, description="team budget: messages, 0 = none")

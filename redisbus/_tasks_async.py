@@ -8,6 +8,7 @@ code gets the twins of the same names."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,16 @@ class Heart:
         if self.task is not None:
             self.task.cancel()
 
+    async def halt(self) -> None:
+        """Stop beating and wait until no beat is in flight (one could renew a lease after
+        the caller released it)."""
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+            # the cancellation ends it (a failing beat is logged by the task itself)
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.period_s)
@@ -92,10 +103,11 @@ class Coalescer:
 
     async def send(self, keys: Sequence[str], argv: Sequence[Any], *, idempotent: bool) -> Any:
         """One send.lua call: coalesced unless it is retried (an idempotency key) or on a
-        Cluster, where it goes alone and is retried."""
+        Cluster, where it goes alone; retried only with an idempotency key, like the sync
+        face (a send whose reply was lost may have been written)."""
         if not idempotent and not self.io.cluster:
             return await self.script("send", keys, argv)
-        return await self.io.script("send", keys, argv, retry=True)
+        return await self.io.script("send", keys, argv, retry=idempotent)
 
     async def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         loop = asyncio.get_running_loop()

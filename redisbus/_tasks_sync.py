@@ -72,6 +72,14 @@ class Heart:
     def cancel(self) -> None:
         self.stop.set()
 
+    def halt(self) -> None:
+        """Stop beating and wait until no beat is in flight (one could renew a lease after
+        the caller released it)."""
+        self.stop.set()
+        t = self.thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=10)
+
     def _run(self) -> None:
         while not self.stop.wait(self.period_s):
             try:

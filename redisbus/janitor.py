@@ -28,6 +28,7 @@ class JanitorReport:
     dead_lettered: int = 0
     consumers_removed: int = 0
     expired_undone: int = 0
+    rate_pruned: int = 0
     errors: list[str] = field(default_factory=list)
 
     def add(self, r: SweepReport) -> None:
@@ -36,10 +37,12 @@ class JanitorReport:
         self.dead_lettered += r.dead_lettered
         self.consumers_removed += r.consumers_removed
         self.expired_undone += r.expired_undone
+        self.rate_pruned += r.rate_pruned
 
 
 def sweep_all(bus: Bus, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600) -> JanitorReport:
-    """One pass over every channel; each channel is swept until nothing is left to trim."""
+    """One pass over every channel; each channel is swept until nothing is left to trim and
+    its rate fields have all been looked at once."""
     report = JanitorReport()
     for name in bus.channels():
         try:
@@ -48,7 +51,7 @@ def sweep_all(bus: Bus, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
                 r = ch.sweep(batch=batch, consumer_idle_s=consumer_idle_s)
                 report.add(r)
                 report.channels -= 1
-                if r.trimmed < batch:
+                if r.trimmed < batch and not r.rate_scanning:
                     break
             report.channels += 1
         except RedisbusError as e:

@@ -30,7 +30,9 @@ def ensure_tools() -> None:
 
 def main() -> int:
     ensure_tools()
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *sys.argv[1:]]
+    # the soak tests (many minutes each) are `make soak`'s; an explicit -m decides otherwise
+    marks = [] if "-m" in sys.argv[1:] else ["-m", "not soak"]
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *marks, *sys.argv[1:]]
     code = subprocess.call([sys.executable, *args])
     if code == 5:
         print("tests/run: pytest collected no tests - failing the run", file=sys.stderr)

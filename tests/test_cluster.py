@@ -9,8 +9,11 @@ and channel names picked round-robin so the channels land on every shard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -285,3 +288,78 @@ def test_unreachable_cluster_is_a_bus_connection_error(face: str) -> None:
                 )
             finally:
                 loop.close()
+
+
+# -- one retry policy, the bus's (issue 16, item 11) -------------------------------------------
+
+
+def _connection_retry(client: Any) -> Any:
+    return client.connection_pool.connection_kwargs["retry"]
+
+
+def test_every_client_kind_leaves_retrying_to_the_bus(cluster: Cluster) -> None:
+    # given: a client of every kind, each face (none of these constructors but the sync
+    # Cluster's connects, and the Sentinel address needs nothing listening)
+    from redisbus._redis import async_client, sync_client
+
+    s = settings()
+    sentinel = f"redis+sentinel://127.0.0.1:{free_port()}/mymaster/0"
+    loop = asyncio.new_event_loop()
+    try:
+        for make in (sync_client, async_client):
+            clustered, _ = make(s.model_copy(update={"cluster": True}), cluster.url)
+            standalone, _ = make(s, f"redis://127.0.0.1:{free_port()}/0")
+            managed, _ = make(s, sentinel)
+            # then: redis-py repeats nothing by itself; the bus alone decides what is safe
+            assert clustered.retry.get_retries() == 0, make.__name__
+            assert _connection_retry(standalone).get_retries() == 0, make.__name__
+            assert _connection_retry(managed).get_retries() == 0, make.__name__
+            for c in (clustered, standalone, managed):
+                closing = c.aclose() if make is async_client else c.close()
+                if asyncio.iscoroutine(closing):
+                    loop.run_until_complete(closing)
+    finally:
+        loop.close()
+
+
+def test_send_whose_reply_is_lost_is_written_once(cluster: Cluster, face: str) -> None:
+    # given: a bus whose replies time out fast, and a send to warm its connections
+    primary = cluster.primaries()[0]
+    name = cluster.channel_on(primary, "once-")
+    s = settings(socket_timeout_s=0.15, retry_attempts=3)
+    loop = asyncio.new_event_loop()
+    bus: Any = (
+        Bus.from_url(cluster.url, cluster=True, settings=s)
+        if face == "sync"
+        else ClusterSynced(AsyncBus.from_url(cluster.url, cluster=True, settings=s), loop)
+    )
+    try:
+        ch = bus.channel(name, pair_rate_burst=1000, pair_rate_per_s=1000)
+        a = ch.join("a")
+        ch.join("b")
+        a.send("b", "warm")
+        # when: the shard is busy (a long script) while a send without an idempotency key
+        # waits for its reply: the send is executed, but its reply comes too late
+        busy = threading.Thread(target=_busy, args=(cluster.node_client(primary), 0.6))
+        busy.start()
+        time.sleep(0.05)
+        with contextlib.suppress(BusConnectionError):  # not retried: it may have been written
+            a.send("b", "once")
+        busy.join()
+        # then: it was written once, never repeated by a client under the bus
+        entries = cluster.client().xrange(f"rb:{{{name}}}:s")
+        assert [f["b"] for _, f in entries] == ["warm", "once"]
+    finally:
+        bus.close()
+        loop.close()
+
+
+def _busy(node: Any, seconds: float) -> None:
+    """Keep a node's one thread in a script for ``seconds`` (below the cluster node timeout)."""
+    node.eval(
+        "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > tonumber(ARGV[1]) "
+        "return 1",
+        0,
+        int(seconds * 1_000_000),
+    )

@@ -15,6 +15,8 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
+from .._agent import HANDLING
+from .._errors import RedisbusError
 from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
 from .._redis import async_client
@@ -174,6 +176,20 @@ class AsyncBus:
                 )
                 core.raise_if_refused(reply)
 
+    async def _release(self, agents: builtins.list[AsyncAgent]) -> None:
+        """Drop the heartbeat leases of these local replicas, which promise no more beats:
+        an agent that simply stopped (a CLI command that joined and exited, a closed handle)
+        is never reaped as lost. A crashed process keeps its leases, and its agents are
+        reported lost when they run out; so are these, if Redis cannot be reached now."""
+        by_key: dict[str, builtins.list[str]] = {}
+        for a in agents:
+            by_key.setdefault(a._keys.beat, []).append(f"{a.name}\n{a.replica}")
+        for key, fields in by_key.items():
+            try:
+                await self._io.call(self._io.r.hdel, key, *fields, retry=False)
+            except RedisbusError as e:
+                log.warning("redisbus: could not release heartbeat leases: %s", e)
+
     # -- lifecycle --------------------------------------------------------------------------
     async def ping(self) -> bool:
         return bool(await self._io.call(self._io.r.ping))
@@ -203,8 +219,9 @@ class AsyncBus:
         if self._closed:
             return
         self._closed = True
-        self._heart.cancel()
+        await self._heart.halt()
         try:
+            await self._release([a for g in self._heart.groups() for a in g.values()])
             await self._io.close()
         finally:
             if self._owned is not None:
@@ -229,6 +246,7 @@ async def _serve_one(agent: AsyncAgent, handler: Handler, stop: Event, poll_s: f
         for m in res.messages:
             if m.type == "control":
                 continue
+            handling = HANDLING.set((agent, m.id))
             try:
                 if otel.on:
                     with otel.processing(agent, m):
@@ -238,4 +256,6 @@ async def _serve_one(agent: AsyncAgent, handler: Handler, stop: Event, poll_s: f
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue
+            finally:
+                HANDLING.reset(handling)
             await agent.mark_done(m)

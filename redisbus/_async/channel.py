@@ -100,25 +100,27 @@ class AsyncChannel:
         """Change stored limits for every host at once."""
         argv = core.plan_channel(self.bus.settings, None, None, limits)
         updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
-        if updates:
-            await self._update_meta(updates)
-        return await self.refresh()
+        return await self._update_meta(updates)
 
-    async def _update_meta(self, fields: dict[str, str]) -> None:
-        """Write meta fields, then drop send.lua's packed copy of the limits and pause switch
-        (it repacks them from meta). In this order a send between the two writes uses the old
-        copy, as if it had come just before the change; every send after it sees the change."""
-        io = self.bus._io
-        await io.call(io.r.hset, self.keys.meta, mapping=fields)
-        await io.call(io.r.delete, self.keys.limits)
+    async def _update_meta(self, fields: dict[str, str]) -> core.ChannelConfig:
+        """Write meta fields and drop send.lua's packed copy of the limits and pause switch
+        (it repacks them from meta) in one script: atomic, so every send after it, on any
+        host, sees the change, and a failure leaves the channel as it was."""
+        k = self.keys
+        reply = await self.bus._io.script(
+            "configure", [k.meta, k.limits], [x for kv in fields.items() for x in kv]
+        )
+        core.raise_if_refused(reply)
+        flat = reply[1:]
+        stored = dict(zip(flat[::2], flat[1::2], strict=True))
+        self.config = core.config_from_hash(self.name, stored)
+        return self.config
 
     async def pause(self) -> None:
         await self._update_meta({"paused": "1"})
-        await self.refresh()
 
     async def resume(self) -> None:
         await self._update_meta({"paused": "0"})
-        await self.refresh()
 
     async def dead_letters(self, limit: int = 100) -> builtins.list[DeadLetter]:
         """Messages dead-lettered after too many deliveries, oldest first."""

@@ -80,6 +80,7 @@ class Agent(AgentState):
                 signer=self._bus._signer,
                 channel=self.channel.name,
                 parent=self.parent,
+                cause=self._cause(),
             )
             wait_s = (
                 None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
@@ -130,7 +131,7 @@ class Agent(AgentState):
                 items = otel.with_trace(items, header)
         try:
             sent, types = core.plan_batch(
-                self.name, items, self._bus._signer, self.channel.name, self.parent
+                self.name, items, self._bus._signer, self.channel.name, self.parent, self._cause()
             )
             if not sent:
                 out: builtins.list[Any] = []
@@ -279,7 +280,7 @@ class Agent(AgentState):
             self._reject(entry_id, reason)  # written with the next call
         if mark:
             mine = [m for m in msgs if self.name in m.to and not m.read]
-            self._handed.update(m.id for m in mine)
+            self._hand(mine)
             now_ms = int(reply[0])
             for m in mine:  # first time this agent gets them: delivery latency on the Redis clock
                 self._bus.metrics.delivered(max(0.0, (now_ms - id_ms(m.id)) / 1000))
@@ -465,7 +466,7 @@ class Agent(AgentState):
             msg = core.message_from_fields(
                 self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
             )
-            self._handed.add(entry_id)
+            self._hand([msg])
             self._deferred += ["r", entry_id]
             out.append(msg)
         if out:
@@ -512,7 +513,7 @@ class Agent(AgentState):
                     break
             self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
             flags = [int(x) for x in self._bus._io.script("done", done[1], done[2])]
-        self._handed.difference_update(ids)
+        self._drop_handed(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
             raise InvalidInput(
@@ -601,8 +602,10 @@ class Agent(AgentState):
         return core.rank_cards(q, self.agents(), lim)
 
     def close(self) -> None:
-        """Stop heartbeating for this handle and write pending bookkeeping (none is left to
-        write once the bus itself was closed)."""
+        """Stop heartbeating for this handle (releasing its lease: a closed handle is never
+        reported lost) and write pending bookkeeping (none is left to write once the bus itself
+        was closed)."""
         self._bus._heart.remove(self)
         if not self._bus._io.closed:
+            self._bus._release([self])
             self.flush()

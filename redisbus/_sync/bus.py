@@ -16,6 +16,8 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
+from .._agent import HANDLING
+from .._errors import RedisbusError
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
 from .._redis import sync_client
@@ -171,6 +173,20 @@ class Bus:
                 )
                 core.raise_if_refused(reply)
 
+    def _release(self, agents: builtins.list[Agent]) -> None:
+        """Drop the heartbeat leases of these local replicas, which promise no more beats:
+        an agent that simply stopped (a CLI command that joined and exited, a closed handle)
+        is never reaped as lost. A crashed process keeps its leases, and its agents are
+        reported lost when they run out; so are these, if Redis cannot be reached now."""
+        by_key: dict[str, builtins.list[str]] = {}
+        for a in agents:
+            by_key.setdefault(a._keys.beat, []).append(f"{a.name}\n{a.replica}")
+        for key, fields in by_key.items():
+            try:
+                self._io.call(self._io.r.hdel, key, *fields, retry=False)
+            except RedisbusError as e:
+                log.warning("redisbus: could not release heartbeat leases: %s", e)
+
     # -- lifecycle --------------------------------------------------------------------------
     def ping(self) -> bool:
         return bool(self._io.call(self._io.r.ping))
@@ -200,8 +216,9 @@ class Bus:
         if self._closed:
             return
         self._closed = True
-        self._heart.cancel()
+        self._heart.halt()
         try:
+            self._release([a for g in self._heart.groups() for a in g.values()])
             self._io.close()
         finally:
             if self._owned is not None:
@@ -224,6 +241,7 @@ def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> No
         for m in res.messages:
             if m.type == "control":
                 continue
+            handling = HANDLING.set((agent, m.id))
             try:
                 if otel.on:
                     with otel.processing(agent, m):
@@ -233,4 +251,6 @@ def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> No
             except Exception:  # the message stays pending: redelivered after its lease
                 log.exception("redisbus: handler of %s failed on %s", agent.name, m.id)
                 continue
+            finally:
+                HANDLING.reset(handling)
             agent.mark_done(m)

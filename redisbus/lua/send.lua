@@ -3,7 +3,7 @@
 -- KEYS[1] stream   KEYS[2] meta    KEYS[3] parents   KEYS[4] status
 -- KEYS[5] ids      KEYS[6] inbox   KEYS[7] rate      KEYS[8] idem
 -- KEYS[9] limits (a cache of meta's limits and pause switch, which send.lua fills)
--- ARGV is one message or several, 13 fields each (ARGV[13 * (i - 1) + k] for message i):
+-- ARGV is one message or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
 --            "many" (a list: refusals are per recipient), "all" (broadcast to the reachable)
@@ -12,6 +12,7 @@
 -- k=8  reply_to entry id or ""   k=9 ttl (seconds) or ""
 -- k=10 idempotency key or ""     k=11 trace context or ""
 -- k=12 signature "kid:hex" or "" k=13 signed timestamp (ms) or ""
+-- k=14 cause: the entry id of the message the sender is handling, or "" (see chain_of)
 --
 -- returns, for one message:
 --         {0, code, message, limit, current, retry_after_ms}      the whole send is refused
@@ -21,8 +22,8 @@
 --   for several: a list of those, one per message, in order.
 --
 -- Every message, whatever its mode and however many share the call, is decided by the one
--- routine send_message(): the checks of the message (check_text, the budget, the sender,
--- replay, chain_depth), then those of each recipient (resolve, check_recipient), then the
+-- routine send_message(): the checks of the message (replay, check_text, the budget, the
+-- sender, chain_of), then those of each recipient (resolve, check_recipient), then the
 -- sender's bucket. Messages are checked and appended in order, each seeing what the ones
 -- before it did (inbox depths, token buckets, the budget, idempotency keys), exactly as
 -- separate sends would; they share one read of the channel's limits, one clock reading and
@@ -44,10 +45,10 @@ local floor, ceil, min, unpack, type = math.floor, math.ceil, math.min, unpack, 
 
 local stream, meta, parents, status, ids, inbox, rate, idem, lim =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local NF = 13
+local NF = 14
 local count = #ARGV / NF
 if count < 1 or count ~= floor(count) then
-  return redis.error_reply('ERR send.lua takes 13 arguments per message')
+  return redis.error_reply('ERR send.lua takes 14 arguments per message')
 end
 
 local function refuse(code, msg, limit, current, retry_ms)
@@ -57,22 +58,22 @@ end
 -- The channel's limits and pause switch, packed (MessagePack) in the limits key by the first
 -- accepted send: one GET and one C call to unpack, instead of fifteen hash fields to read and
 -- convert. configure(), pause() and resume() delete the key with their change to meta (one
--- MULTI). The in-memory test double (fakeredis) has no cmsgpack: there the key holds the
--- values tab-separated.
+-- script, configure.lua). The in-memory test double (fakeredis) has no cmsgpack: there the
+-- key holds the values tab-separated.
 local pack_cfg, unpack_cfg
 if cmsgpack then
   pack_cfg, unpack_cfg = cmsgpack.pack, cmsgpack.unpack
 else
   pack_cfg = function(...)
     local v = {...}
-    for i = 1, 15 do v[i] = v[i] == nil and '' or tostring(v[i]) end
+    for i = 1, 16 do v[i] = v[i] == nil and '' or tostring(v[i]) end
     return table.concat(v, '\t')
   end
   unpack_cfg = function(text)
-    local v = {match(text, '^' .. string.rep('([^\t]*)\t', 14) .. '(.*)$')}
+    local v = {match(text, '^' .. string.rep('([^\t]*)\t', 15) .. '(.*)$')}
     for i = 3, 13 do v[i] = tonumber(v[i]) end
-    v[15] = tonumber(v[15])
-    return unpack(v, 1, 15)
+    v[15], v[16] = tonumber(v[15]), tonumber(v[16])
+    return unpack(v, 1, 16)
   end
 end
 local cfg, new_cfg = call('GET', lim), nil
@@ -80,7 +81,7 @@ if not cfg then
   local f = call('HMGET', meta, 'routing', 'siblings', 'inbox_cap', 'max_body_bytes',
     'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst',
     'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'dampen_turns', 'dampen_window_s',
-    'auto_reply_deny', 'paused')
+    'auto_reply_deny', 'paused', 'max_chain_messages')
   if not f[1] then
     local r = refuse('unknown_agent', 'no such channel')
     if count == 1 then return r end
@@ -91,7 +92,7 @@ if not cfg then
   cfg = pack_cfg(f[1], f[2] or '', tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
     tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10]),
     tonumber(f[11]), tonumber(f[12]) or 0, (tonumber(f[13]) or 0) * 1000, f[14] or '',
-    f[15] == '1' and 1 or 0)
+    f[15] == '1' and 1 or 0, tonumber(f[16]) or 0)
   new_cfg = cfg
 end
 -- With the limits cached, the rate hash gets its '#table' field: a value longer than Redis'
@@ -103,8 +104,10 @@ local function store_cfg()
     'over 64 bytes, so Redis keeps this hash a table: one lookup per field, not a scan of all')
 end
 local routing, sib, inbox_cap, max_body, max_name, pair_burst, pair_rate, snd_burst, snd_rate,
-  max_chain, max_msgs, dampen_turns, dampen_window, deny_list, paused_flag = unpack_cfg(cfg)
+  max_chain, max_msgs, dampen_turns, dampen_window, deny_list, paused_flag,
+  max_chain_msgs = unpack_cfg(cfg)
 local paused = paused_flag == 1
+max_chain_msgs = max_chain_msgs or 0 -- limits packed before there was a chain budget
 local siblings, open_routing = sib == '1', routing == 'open'
 local family = not open_routing
 
@@ -150,9 +153,9 @@ local function bucket(v, burst, per_s)
 end
 
 -- Append the message at ARGV offset `base` to the stream, addressed to `to` (names joined by
--- "\n"), at reply-chain `depth`: the entry's one-letter fields, the optional ones only when
--- set. Returns the entry id.
-local function append(base, to, depth, broadcast)
+-- "\n"), at `depth` in `chain` (see chain_of): the entry's one-letter fields, the optional
+-- ones only when set. Returns the entry id.
+local function append(base, to, depth, chain, broadcast)
   local subject, mtype, prio = ARGV[base + 4], ARGV[base + 6], ARGV[base + 7]
   local reply_to, ttl, ikey = ARGV[base + 8], ARGV[base + 9], ARGV[base + 10]
   local trace, sig, sig_ts = ARGV[base + 11], ARGV[base + 12], ARGV[base + 13]
@@ -161,7 +164,9 @@ local function append(base, to, depth, broadcast)
   if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
   if prio ~= '0' then f[n + 1], f[n + 2], n = 'p', prio, n + 2 end
   if reply_to ~= '' then f[n + 1], f[n + 2], n = 'r', reply_to, n + 2 end
-  if depth > 0 then f[n + 1], f[n + 2], n = 'd', tostring(depth), n + 2 end
+  if depth > 0 then
+    f[n + 1], f[n + 2], f[n + 3], f[n + 4], n = 'd', tostring(depth), 'h', chain, n + 4
+  end
   if ttl ~= '' then f[n + 1], f[n + 2], n = 'x', ttl, n + 2 end
   if ikey ~= '' then f[n + 1], f[n + 2], n = 'i', ikey, n + 2 end
   if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
@@ -376,35 +381,61 @@ local function replay(sender, ikey)
   return ifield, {2, string.sub(prev, 1, tab - 1), sent_to}
 end
 
--- the reply chain: its depth, and the auto-reply rules. Returns the depth, then the refusal.
-local function chain_depth(reply_to, mtype)
-  if reply_to == '' then return 0 end
-  if not find(reply_to, '^%d+%-%d+$') then
-    return 0, 'invalid_input', 'reply_to is not a message id'
+-- The chain a message continues, and its rules. Its parent is the message it answers
+-- (reply_to) or, failing that, the one its sender is handling (cause: a new message sent
+-- between wait() and mark_done(), or inside a serve handler). A message with a parent is one
+-- deeper in the parent's chain, whose id is the entry id of the chain's first message ("h";
+-- a message without one starts a chain of its own). A chain is refused past max_chain_depth
+-- and past max_chain_messages messages (its count "c\nID" in the rate hash, the first message
+-- included); so a ring of agents each sending a new message for every one it handles stops.
+-- Returns the depth, the chain's id ("" for none), then the refusal.
+local function chain_of(reply_to, cause, mtype)
+  local parent = reply_to ~= '' and reply_to or cause
+  if parent == '' then return 0, '' end
+  if not find(parent, '^%d+%-%d+$') then
+    return 0, '', 'invalid_input', (parent == reply_to and 'reply_to' or 'cause')
+      .. ' is not a message id'
   end
-  local depth = 1 -- when the original was trimmed: counted as a first reply
-  local e = call('XRANGE', stream, reply_to, reply_to)
+  -- when the parent was trimmed: counted as a first reply, in a chain of its own
+  local depth, chain = 1, parent
+  local e = call('XRANGE', stream, parent, parent)
   if e[1] then
     local f, ptype, pdepth, psender = e[1][2], 'message', 0, ''
     for i = 1, #f, 2 do
       local k = f[i]
       if k == 'k' then ptype = f[i + 1]
       elseif k == 'd' then pdepth = tonumber(f[i + 1])
+      elseif k == 'h' then chain = f[i + 1]
       elseif k == 'f' then psender = f[i + 1] end
     end
     depth = pdepth + 1
-    if mtype == 'auto_reply' and ptype == 'auto_reply' then
-      return depth, 'loop', 'an auto_reply never answers an auto_reply', 0, 1
-    end
-    if mtype == 'auto_reply'
-      and find('\n' .. deny_list .. '\n', '\n' .. psender .. '\n', 1, true) then
-      return depth, 'loop', 'no automatic answer to ' .. psender .. ' (deny-listed sender)', 0, 1
+    if mtype == 'auto_reply' and parent == reply_to then
+      if ptype == 'auto_reply' then
+        return depth, chain, 'loop', 'an auto_reply never answers an auto_reply', 0, 1
+      end
+      if find('\n' .. deny_list .. '\n', '\n' .. psender .. '\n', 1, true) then
+        return depth, chain, 'loop',
+          'no automatic answer to ' .. psender .. ' (deny-listed sender)', 0, 1
+      end
     end
   end
   if depth > max_chain then
-    return depth, 'chain_too_deep', 'reply chain too deep', max_chain, depth
+    return depth, chain, 'chain_too_deep', 'chain too deep (replies, and messages sent while '
+      .. 'handling one)', max_chain, depth
   end
-  return depth
+  if max_chain_msgs > 0 then
+    local cf = 'c\n' .. chain
+    local n = cached[cf]
+    if n == nil then
+      n = call('HGET', rate, cf) or false
+      cached[cf] = n
+    end
+    n = tonumber(n or '1')
+    if n >= max_chain_msgs then
+      return depth, chain, 'chain_too_deep', 'chain message budget spent', max_chain_msgs, n
+    end
+  end
+  return depth, chain
 end
 
 -- a recipient as named (a member's name, an agent id or "parent"): its name, or nil and why
@@ -507,6 +538,10 @@ local ok_at, ok_tokens, ok_turns = {}, {}, {}
 local function send_message(item, base)
   local sender, mode, rcpt_arg = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
   local one = mode == 'one'
+  -- a retry of an accepted send gets its first reply whatever changed since (a pause, a
+  -- spent budget, a closed recipient): the idempotency key is looked up before any check
+  local ifield, replayed = replay(sender, ARGV[base + 10])
+  if replayed then return replayed end
   local code, msg, limit, current, retry = check_text(base)
   if code then return refuse(code, msg, limit, current) end
   -- the channel's message budget
@@ -538,10 +573,9 @@ local function send_message(item, base)
   if sender_status == 'failed' or sender_status == 'cancelled' then
     return refuse('agent_closed', 'sender is ' .. sender_status)
   end
-  local ifield, replayed = replay(sender, ARGV[base + 10])
-  if replayed then return replayed end
-  local depth
-  depth, code, msg, limit, current = chain_depth(ARGV[base + 8], ARGV[base + 6])
+  local depth, chain
+  depth, chain, code, msg, limit, current =
+    chain_of(ARGV[base + 8], ARGV[base + 14], ARGV[base + 6])
   if code then return refuse(code, msg, limit, current) end
 
   -- the recipients, in order; duplicates dropped
@@ -676,9 +710,13 @@ local function send_message(item, base)
   end
   cached['#sent'] = (tonumber(cached['#sent'] or '0') or 0) + 1
   dirty['#sent'] = true
+  if depth > 0 and max_chain_msgs > 0 then
+    local cf = 'c\n' .. chain
+    cached[cf], dirty[cf] = tonumber(cached[cf] or '1') + 1, true
+  end
   if s_tokens then spend(sfield, s_tokens) end
   local to = na == 1 and targets[ok_at[1]] or table.concat(accepted, '\n', 1, na)
-  local id = append(base, to, depth, mode == 'all')
+  local id = append(base, to, depth, chain, mode == 'all')
   sent_any = true
   if ifield then
     local v = id .. '\t' .. to

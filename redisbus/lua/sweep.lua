@@ -1,14 +1,15 @@
 -- sweep.lua: the janitor's pass over one channel. Safe on many hosts at once (atomic).
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] idem  KEYS[5] dlq  KEYS[6] meta
--- KEYS[7] rate (circuit breakers)
+-- KEYS[7] rate (token buckets, dampeners, circuit breakers, chain counts)
 -- ARGV[1] lease (ms)  ARGV[2] max deliveries  ARGV[3] retention (ms)
 -- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
 -- ARGV[5] work budget per call: at most this many entries trimmed, and at most this many
---         groups, pending entries and consumers examined (the next call carries on after the
---         last group this one visited: meta field sweep_after)
+--         groups, pending entries, consumers and rate fields examined (the next call carries
+--         on after the last group this one visited: meta field sweep_after)
 --
--- returns {trimmed, dead_lettered, consumers_removed, expired_undone}
+-- returns {trimmed, dead_lettered, consumers_removed, expired_undone, rate_pruned,
+--          rate_scanning (1 while the walk over the rate hash has not come round)}
 --
 -- 1. Dead-letter pending entries idle past the lease that were delivered max_deliveries times
 --    (live replicas reclaim the others; see claim.lua).
@@ -18,6 +19,8 @@
 --    marks and idempotency keys go with them.
 -- 3. Remove consumers idle past ARGV[4] that have nothing pending (never one with pending
 --    entries: they would become unclaimable).
+-- 4. Forget rate state that says nothing any more (see below), so the rate hash follows the
+--    pairs that are active, not every pair that ever was.
 
 local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rate = KEYS[7]
@@ -137,4 +140,70 @@ local trimmed = 0
 if #doomed > 0 then
   trimmed = redis.call('XTRIM', stream, 'MINID', next_id(doomed[#doomed][1]))
 end
-return {trimmed, dead, removed, expired}
+
+-- 4. send.lua writes a field per sender, pair, dampened pair, breaker and chain: a broadcast
+--    to n members writes n. Drop those that read the same as no field: a token bucket
+--    refilled to its burst ("tokens last_ms"), a dampener past its window ("turns at_ms
+--    last"), a breaker closed and past its window ("failures first_ms until_ms"), a chain's
+--    message count once its first message ("c\nID") is past the retention. The walk is an
+--    HSCAN from a cursor kept in the hash ('#scan'), about `budget` fields per call.
+local cfg = redis.call('HMGET', meta, 'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst',
+  'sender_rate_per_s', 'dampen_window_s', 'breaker_window_s')
+local pair_burst, pair_rate = tonumber(cfg[1] or '0'), tonumber(cfg[2] or '0')
+local snd_burst, snd_rate = tonumber(cfg[3] or '0'), tonumber(cfg[4] or '0')
+local dampen_window = tonumber(cfg[5] or '0') * 1000
+local breaker_window = tonumber(cfg[6] or '0') * 1000
+local function refilled(v, burst, per_s)
+  if burst <= 0 or per_s <= 0 then return true end -- the bucket is off: send.lua ignores it
+  local tokens, last = string.match(v, '^(%S+) (%d+)$')
+  if not last then return false end
+  return tonumber(tokens) + (now - tonumber(last)) * per_s / 1000 >= burst
+end
+local function idle(field, v)
+  local kind = string.sub(field, 1, 2)
+  if kind == 'p\n' then return refilled(v, pair_burst, pair_rate) end
+  if kind == 's\n' then return refilled(v, snd_burst, snd_rate) end
+  if kind == 'd\n' then
+    local at = string.match(v, '^%d+ (%d+)')
+    return at ~= nil and now - tonumber(at) > dampen_window
+  end
+  if kind == 'b\n' then
+    local first, until_ms = string.match(v, '^%d+ (%d+) (%d+)$')
+    return first ~= nil and tonumber(until_ms) <= now and now - tonumber(first) > breaker_window
+  end
+  if kind == 'c\n' then
+    local ms = string.match(field, '^c\n(%d+)%-%d+$')
+    return ms ~= nil and tonumber(ms) < cut_ms
+  end
+  return false -- '#sent', '#table', '#scan'
+end
+-- '#scan' holds "cursor fields_pruned_this_round"; a round that pruned more fields than it
+-- left copies the rest into a fresh hash: Redis (before 7.4) never shrinks a hash's table,
+-- so a hash once holding a broadcast's pairs would keep their memory.
+local scan, round = string.match(redis.call('HGET', rate, '#scan') or '0 0', '^(%d+) (%d+)$')
+round = tonumber(round)
+local examined, pruned = 0, 0
+repeat
+  local r = redis.call('HSCAN', rate, scan, 'COUNT', math.min(budget, 500))
+  scan = r[1]
+  local flat, gone, ng = r[2], {}, 0
+  for i = 1, #flat, 2 do
+    if idle(flat[i], flat[i + 1]) then ng = ng + 1; gone[ng] = flat[i] end
+  end
+  examined = examined + #flat / 2
+  for i = 1, ng, 500 do redis.call('HDEL', rate, unpack(gone, i, math.min(i + 499, ng))) end
+  pruned = pruned + ng
+until scan == '0' or examined >= budget
+round = round + pruned
+if scan ~= '0' then
+  redis.call('HSET', rate, '#scan', scan .. ' ' .. round)
+else
+  redis.call('HDEL', rate, '#scan')
+  local left = redis.call('HLEN', rate)
+  if round > left and left > 0 and left <= budget then
+    local flat = redis.call('HGETALL', rate)
+    redis.call('DEL', rate)
+    for i = 1, #flat, 1000 do redis.call('HSET', rate, unpack(flat, i, math.min(i + 999, #flat))) end
+  end
+end
+return {trimmed, dead, removed, expired, pruned, scan == '0' and 0 or 1}
