@@ -124,7 +124,8 @@ class Agent(AgentState):
         or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
         gives rejected receipts (with ``.error``) instead of raising."""
         span = None
-        if otel.on:
+        # only what plan_batch would take as a batch is copied: it refuses anything else
+        if otel.on and isinstance(items, Iterable) and not isinstance(items, str | bytes | Mapping):
             items = builtins.list(items)
             span, header = otel.start_send(self.channel.name, self.name, None, len(items))
             if header is not None:
