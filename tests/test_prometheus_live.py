@@ -81,7 +81,10 @@ def run_exporter(redis_url: str, *options: str) -> Iterator[str]:
 
 
 def seed_backlog(redis_url: str) -> None:
-    """A bus with a known backlog: 2 unread and 3 pending messages, 1 dead letter, 2 channels."""
+    """A bus with a known backlog: 4 unread and 3 pending messages, 1 dead letter, 2 channels.
+
+    The writer's bus fetches three messages and returns one; once it is closed (its replicas'
+    leases released), nobody holds the other two: with the editor's two, four are unread."""
     bus = Bus.from_url(redis_url, settings=BusSettings(metrics=False, host="seed"))
     other = Bus.from_url(redis_url, settings=BusSettings(metrics=False, replica="b"))
     try:
@@ -293,17 +296,17 @@ def check_every_query(url: str) -> None:
     }
     assert fleet == {
         "redisbus_channels": 2,
-        "redisbus_unread_messages": 2,
+        "redisbus_unread_messages": 4,
         "redisbus_pending_messages": 3,
         "redisbus_dead_letters": 1,
         "redisbus_exporter_redis_up": 1,
     }
-    # the watchdog (0.5 s here) sees the two unread messages as stale
+    # the watchdog (0.5 s here) sees the four unread messages as stale
     stale = "max(redisbus_watchdog_stale_unread_messages)"
-    assert float(wait_for_data(url, f"{stale} == 2")[0]["value"][1]) == 2
+    assert float(wait_for_data(url, f"{stale} == 4")[0]["value"][1]) == 4
     top = "redisbus_channel_unread_messages"
     per_channel = {r["metric"]["channel"]: float(r["value"][1]) for r in query(url, top)}
-    assert per_channel == {"anime-project-1": 2, "anime-project-2": 0}
+    assert per_channel == {"anime-project-1": 4, "anime-project-2": 0}
 
 
 def check_every_alert(url: str, dead_host: str) -> None:
