@@ -91,6 +91,7 @@ def plan_send(
                 "x": ttl,
                 "i": ikey,
                 "c": tr,
+                "u": cause,  # what the chain id and depth are derived from, with "r"
             },
             mode=mode,
             # the recipients as requested, "parent" resolved: receivers find themselves in it

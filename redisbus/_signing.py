@@ -49,7 +49,9 @@ REASONS = (
 )
 
 #: The fields of an entry the signature covers, besides the channel and the addressing.
-_COVERED = ("f", "s", "b", "k", "p", "r", "x", "i", "c")
+# the entry fields a signature covers; "d" and "h" (chain depth and id) are derived by send.lua
+# from "r" (reply_to) and "u" (the message being handled), both covered
+_COVERED = ("f", "s", "b", "k", "p", "r", "x", "i", "c", "u")
 _DEFAULTS = {"k": "message", "p": "0"}
 
 

@@ -128,3 +128,28 @@ def test_secrets_never_show_in_a_repr() -> None:
         assert "hunter2-pw" not in text
         assert "hmac-secret-xyz" not in text
     assert s.password is not None and s.password.get_secret_value() == "hunter2-pw"
+
+
+@pytest.mark.parametrize("field", ["u", "r"])
+def test_the_fields_a_chain_is_derived_from_are_signed(redis7: Server, field: str) -> None:
+    # given a signed message sent while its sender handles another (it carries "u", the cause)
+    redis7.client().flushall()
+    bus = Bus.from_url(redis7.url, settings=BusSettings(metrics=False, signing_keys={"k1": "s"}))
+    ch = bus.channel("chain-signed")
+    a, b = ch.join("a"), ch.join("b")
+    first = a.send("b", "job")
+    (got,) = b.wait(timeout=2).messages
+    forwarded = b.send("a", "new work", reply_to=got.id if field == "r" else None)
+    raw = redis7.client()
+    ((_, fields),) = raw.xrange(ch.keys.stream, forwarded.id, forwarded.id)
+    assert fields.get(field) == first.id  # the chain's parent is on the entry
+    # when a raw writer re-points the chain at another message, as a fresh entry
+    other = a.send("b", "other")
+    forged = {**fields, field: other.id}
+    # then the signature no longer holds for it, whatever else is left intact
+    from redisbus._signing import signer_for
+
+    signer = signer_for(bus.settings)
+    assert signer.check(ch.name, forwarded.id, fields, "a") == ""
+    assert signer.check(ch.name, forwarded.id, forged, "a") == "bad_signature"
+    bus.close()

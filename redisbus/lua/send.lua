@@ -159,6 +159,7 @@ local function append(base, to, depth, chain, broadcast)
   local subject, mtype, prio = ARGV[base + 4], ARGV[base + 6], ARGV[base + 7]
   local reply_to, ttl, ikey = ARGV[base + 8], ARGV[base + 9], ARGV[base + 10]
   local trace, sig, sig_ts = ARGV[base + 11], ARGV[base + 12], ARGV[base + 13]
+  local cause = ARGV[base + 14]
   local f, n = {'f', ARGV[base + 1], 't', to, 'b', ARGV[base + 5]}, 6
   if subject ~= '' then f[n + 1], f[n + 2], n = 's', subject, n + 2 end
   if mtype ~= 'message' then f[n + 1], f[n + 2], n = 'k', mtype, n + 2 end
@@ -172,6 +173,8 @@ local function append(base, to, depth, chain, broadcast)
   if trace ~= '' then f[n + 1], f[n + 2], n = 'c', trace, n + 2 end
   if sig ~= '' then f[n + 1], f[n + 2], n = 'g', sig, n + 2 end
   if sig_ts ~= '' then f[n + 1], f[n + 2], n = 'n', sig_ts, n + 2 end
+  -- the message being handled when this one was sent: signed, so its chain cannot be forged
+  if cause ~= '' then f[n + 1], f[n + 2], n = 'u', cause, n + 2 end
   if broadcast then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
   return call('XADD', stream, '*', unpack(f, 1, n))
 end
