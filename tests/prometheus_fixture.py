@@ -53,7 +53,7 @@ def require_module(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError:
-        msg = f"python module {name} is not installed (pip install -e '.[dev]')"
+        msg = f"python module {name} is not installed (make .venv/.installed)"
         if os.environ.get("CI"):
             pytest.fail(msg)
         pytest.skip(msg)

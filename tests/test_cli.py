@@ -45,7 +45,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 @pytest.fixture(autouse=True)
 def installed() -> None:
     if shutil.which(BIN) is None:
-        pytest.fail("the redisbus command is not installed: pip install -e '.[dev]'")
+        pytest.fail("the redisbus command is not installed: make .venv/.installed")
 
 
 @pytest.fixture
