@@ -1,10 +1,14 @@
 """The Lua scripts of ``redisbus/lua``, read once per process (the faces load them with EVALSHA).
 
-A script cannot call another, so the helpers several scripts share are written once, in
-``lua/_prelude.lua``, and put in front of each script here, when it is loaded. Only the
-helpers a script calls (and those they call) go in front of it: Redis runs Lua 5.1, which
-makes every ``local function`` of a script anew on each call (about 0.17 µs each, measured),
-and the hot scripts should not pay for helpers they never use.
+A script cannot call another, so the helpers several scripts share are written once, in the
+library files of ``lua/`` (those whose name starts with ``_``: ``_prelude.lua``, then the
+others by name), and put in front of each script here, when it is loaded. A library holds one
+helper per paragraph: its comment, the locals only it keeps for the length of one call (a
+memo), then one ``local function``. Only the helpers a script calls (and those they call) go
+in front of it, in library order: Redis runs Lua 5.1, which makes every ``local function`` of a
+script anew on each call (about 0.17 µs each, measured), and the hot scripts should not pay
+for helpers they never use. A helper sees only what it defines and its arguments (nothing of
+the script it is loaded with), and calls only helpers that come before it.
 """
 
 from __future__ import annotations
@@ -12,27 +16,43 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 
-#: The file of shared helpers (not a script of its own).
+#: The library of the most basic helpers (the clock, entry fields): first in every script.
 PRELUDE = "_prelude"
 
 _DEFINES = re.compile(r"^local function (\w+)\(", re.M)
 
 
+def _dir() -> Traversable:
+    return resources.files("redisbus") / "lua"
+
+
 def _read(name: str) -> str:
-    return (resources.files("redisbus") / "lua" / f"{name}.lua").read_text("utf-8")
+    return (_dir() / f"{name}.lua").read_text("utf-8")
+
+
+@cache
+def libraries() -> tuple[str, ...]:
+    """The library files, in the order their helpers are loaded: the prelude, then by name."""
+    files = [p.name for p in _dir().iterdir()]
+    names = sorted(n[:-4] for n in files if n.startswith("_") and n.endswith(".lua"))
+    return (PRELUDE, *(n for n in names if n != PRELUDE))
 
 
 @cache
 def helpers() -> dict[str, str]:
-    """The prelude's helpers by name, in its order: each paragraph (its comment and its one
-    function) after the prelude's own heading."""
-    out = {}
-    for para in _read(PRELUDE).split("\n\n"):
-        names = _DEFINES.findall(para)
-        if names:
-            (name,) = names  # one helper per paragraph
-            out[name] = para.strip("\n") + "\n\n"
+    """Every library's helpers by name, in load order: each paragraph that defines one (the
+    paragraphs without one are a library's own heading)."""
+    out: dict[str, str] = {}
+    for lib in libraries():
+        for para in _read(lib).split("\n\n"):
+            names = _DEFINES.findall(para)
+            if names:
+                (name,) = names  # one helper per paragraph
+                if name in out:
+                    raise ValueError(f"Lua helper {name} is defined twice ({lib}.lua)")
+                out[name] = para.strip("\n") + "\n\n"
     return out
 
 
@@ -42,8 +62,8 @@ def _calls(text: str, name: str) -> bool:
 
 @cache
 def source(name: str) -> str:
-    """The text of script ``name`` as the server runs it: the prelude's helpers it calls,
-    then the script."""
+    """The text of script ``name`` as the server runs it: the library helpers it calls, then
+    the script."""
     script = _read(name)
     shared = helpers()
     needed: set[str] = set()

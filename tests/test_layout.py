@@ -1,5 +1,5 @@
-"""The package's layout shows its architecture: imports go one way, modules stay small, and an
-import inside a function is there on purpose.
+"""The package's layout shows its architecture: imports go one way, modules (Python and Lua)
+stay small, and an import inside a function is there on purpose.
 
 Every ``import`` counts as an edge, at module level or inside a function (a function-level
 import only hides a cycle until the function runs), except under ``if TYPE_CHECKING:`` (never
@@ -190,14 +190,29 @@ def test_a_function_imports_only_optional_or_heavy_modules() -> None:
     assert not stray, "function-level imports that could be at the top:\n" + "\n".join(stray)
 
 
+def oversized(package: Path, limit: int = MAX_LINES) -> dict[str, int]:
+    """Hand-written files of the package over ``limit`` lines: its Python modules (not the
+    generated ones) and its Lua scripts and libraries, by path from the package's parent."""
+    files = [p for p in modules(package).values() if GENERATED not in p.parents]
+    files += sorted(package.rglob("*.lua"))
+    sizes = {str(p.relative_to(package.parent)): len(p.read_text().splitlines()) for p in files}
+    return {path: n for path, n in sizes.items() if n > limit}
+
+
 def test_no_hand_written_module_is_over_700_lines() -> None:
-    sizes = {
-        str(p.relative_to(PACKAGE.parent)): len(p.read_text().splitlines())
-        for p in modules(PACKAGE).values()
-        if GENERATED not in p.parents
-    }
-    big = {path: n for path, n in sizes.items() if n > MAX_LINES}
-    assert not big, f"modules over {MAX_LINES} lines: {big}"
+    big = oversized(PACKAGE)
+    assert not big, f"modules and Lua files over {MAX_LINES} lines: {big}"
+
+
+def test_the_size_check_reads_lua_files_too(tmp_path: Path) -> None:
+    # given a package whose Python module is small and one Lua script is one line too long
+    pkg = tmp_path / "pkg"
+    (pkg / "lua").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("x = 1\n")
+    (pkg / "lua" / "short.lua").write_text("-- ok\n" * MAX_LINES)
+    (pkg / "lua" / "long.lua").write_text("-- too long\n" * (MAX_LINES + 1))
+    # when the sizes are checked, then exactly the long script is reported
+    assert oversized(pkg) == {"pkg/lua/long.lua": MAX_LINES + 1}
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """Every Lua script is a documented interface: its header names KEYS, ARGV and the reply,
 and it touches keys only through KEYS (no key names built inside, no KEYS/SCAN calls). The
-helpers scripts share are written once, in ``_prelude.lua``, and loaded in front of the scripts
-that call them."""
+helpers scripts share are written once, in the library files (``_prelude.lua``, ``_limits.lua``,
+...), and loaded in front of the scripts that call them."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from importlib.resources.abc import Traversable
 
 import pytest
 
-from redisbus._scripts import PRELUDE, source
+from redisbus._scripts import PRELUDE, helpers, libraries, source
 
 LUA_DIR = resources.files("redisbus") / "lua"
 FILES = sorted((p for p in LUA_DIR.iterdir() if p.name.endswith(".lua")), key=lambda p: p.name)
 LUA = [p for p in FILES if not p.name.startswith("_")]
+LIBS = [p for p in FILES if p.name.startswith("_")]
 
 
 def _text(p: Traversable) -> str:
@@ -31,8 +32,9 @@ def _functions(text: str) -> dict[str, str]:
     return out
 
 
-def _prelude() -> str:
-    return _text(LUA_DIR / f"{PRELUDE}.lua")
+def _libraries() -> str:
+    """Every library's text, in load order."""
+    return "".join(_text(LUA_DIR / f"{name}.lua") for name in libraries())
 
 
 @pytest.mark.parametrize("script", LUA, ids=lambda p: p.name)
@@ -55,14 +57,53 @@ def test_every_script_is_there() -> None:
     assert {"send.lua", "view.lua", "done.lua", "claim.lua", "sweep.lua", "outcome.lua"} <= names
 
 
-def test_the_prelude_only_defines_helpers_on_keys_it_is_given() -> None:
-    text = _prelude()
+def test_the_libraries_are_the_underscored_files_prelude_first() -> None:
+    assert libraries()[0] == PRELUDE
+    assert sorted(libraries()) == sorted(p.name.removesuffix(".lua") for p in LIBS)
+    assert {"_limits", "_chain"} <= set(libraries())
+
+
+@pytest.mark.parametrize("library", LIBS, ids=lambda p: p.name)
+def test_a_library_only_defines_helpers_on_keys_it_is_given(library: Traversable) -> None:
+    text = _text(library)
     _assert_key_discipline(text)
     assert "KEYS[" not in text and "ARGV[" not in text  # a helper is passed what it touches
-    # at the top level: comments and local functions only (nothing runs before the script)
-    top = [ln for ln in text.splitlines() if ln and not ln[0].isspace() and not ln.startswith("--")]
-    assert all(ln.startswith("local function ") or ln == "end" for ln in top), top
-    assert {"now_ms", "trip", "dead_letter", "addressed", "field"} <= set(_functions(text))
+    for para in text.split("\n\n"):
+        code = [ln for ln in para.splitlines() if ln and not ln.startswith("--")]
+        if not code:
+            continue  # the library's heading
+        # at the top level: the helper's memo (plain locals), then its one local function;
+        # nothing else runs before the script
+        top = [ln for ln in code if not ln[0].isspace()]
+        defs = [ln for ln in top if ln.startswith("local function ")]
+        assert len(defs) == 1, (library.name, top)
+        before = top[: top.index(defs[0])]
+        assert all(re.match(r"local [\w, ]+ = ", ln) for ln in before), (library.name, before)
+        assert top[-1] == "end", (library.name, top)
+        # a memo is the helper's own: no other paragraph, library or script names it
+        for ln in before:
+            for memo in re.findall(r"\w+", ln.split("=")[0].removeprefix("local ")):
+                others = _libraries().replace(para, "") + "".join(_text(p) for p in LUA)
+                assert not re.search(rf"(?<![\w.]){memo}(?!\w)", others), (library.name, memo)
+    assert set(_functions(text)) == {n for n, b in helpers().items() if b.strip("\n") in text}
+
+
+def test_the_prelude_holds_the_basic_helpers() -> None:
+    assert {"now_ms", "trip", "dead_letter", "addressed", "field"} <= set(
+        _functions(_text(LUA_DIR / f"{PRELUDE}.lua"))
+    )
+    limits = {"bucket", "bucket_value", "spend", "rate_fields", "pair_fields", "dampened"}
+    assert limits <= set(_functions(_text(LUA_DIR / "_limits.lua")))
+    assert "chain_of" in _functions(_text(LUA_DIR / "_chain.lua"))
+
+
+def test_a_helper_calls_only_helpers_loaded_before_it() -> None:
+    # what _scripts.source relies on: the helpers go in front of a script in library order
+    order = list(helpers())
+    for i, (name, body) in enumerate(helpers().items()):
+        code = body[body.index(f"local function {name}(") :].split("\n", 1)[1]
+        later = [h for h in order[i:] if re.search(rf"(?<![\w.:]){h}\(", code)]
+        assert not later, (name, later)
 
 
 @pytest.mark.parametrize("script", LUA, ids=lambda p: p.name)
@@ -71,7 +112,7 @@ def test_each_script_is_loaded_behind_the_helpers_it_calls(script: Traversable) 
     loaded = source(name)
     assert loaded.endswith(text)
     included = _functions(loaded[: -len(text)])
-    shared = _functions(_prelude())
+    shared = _functions(_libraries())
     assert set(included) <= set(shared)
     for helper in shared:  # every helper the script (or an included helper) calls is there
         if re.search(rf"(?<![\w.:]){helper}\(", text):
@@ -90,7 +131,7 @@ def test_a_script_calling_no_helper_is_loaded_as_it_is() -> None:
 def test_no_helper_is_written_twice() -> None:
     # a helper the prelude has is not redefined by a script, and no two scripts carry the
     # same function (the breaker's trip() was once kept identical, by hand, in two of them)
-    shared = _functions(_prelude())
+    shared = _functions(_libraries())
     defined = {p.name: _functions(_text(p)) for p in LUA}
     for name, functions in defined.items():
         assert not set(functions) & set(shared), (name, set(functions) & set(shared))

@@ -1,9 +1,10 @@
--- _prelude.lua: the helpers several scripts share. Not a script: a Lua script cannot call
--- another, so redisbus/_scripts.py puts the helpers a script calls in front of it when it
--- loads it, and each helper is written once, here. One paragraph per helper (its comment,
--- then one local function), each after the helpers it calls. A helper touches only the keys
--- its caller passes in (from its KEYS). Error line numbers in a loaded script count the
--- helpers' lines first.
+-- _prelude.lua: the helpers several scripts share, the first of the libraries (the files
+-- whose name starts with "_"; _limits.lua and _chain.lua hold send.lua's). Not a script: a
+-- Lua script cannot call another, so redisbus/_scripts.py puts the helpers a script calls in
+-- front of it when it loads it, and each helper is written once, in a library. One paragraph
+-- per helper (its comment, the locals it keeps for one call if any, then one local function),
+-- each after the helpers it calls. A helper touches only the keys its caller passes in (from
+-- its KEYS). Error line numbers in a loaded script count the helpers' lines first.
 
 -- a TIME reply {seconds, microseconds} in milliseconds
 local function time_ms(t)

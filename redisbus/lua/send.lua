@@ -21,6 +21,9 @@
 --      or {2, id, {recipients...}}                                  idempotent replay
 --   for several: a list of those, one per message, in order.
 --
+-- The helpers of its limits (buckets, dampener, routing, text rules) and of its chain rules
+-- are in the libraries _limits.lua and _chain.lua, loaded in front of it (redisbus/_scripts.py).
+--
 -- Every message, whatever its mode and however many share the call, is decided by the one
 -- routine send_message(): the checks of the message (replay, check_text, the budget, the
 -- sender, chain_of), then those of each recipient (resolve, check_recipient), then the
@@ -39,9 +42,9 @@
 -- into text are made once per call; the limits come from one MessagePack field (one C call,
 -- numbers already numbers); the common cases skip the pattern matching they cannot fail.
 
-local call, tonumber, tostring, find, match, gsub = redis.call, tonumber, tostring,
-  string.find, string.match, string.gsub
-local floor, ceil, min, unpack, type = math.floor, math.ceil, math.min, unpack, type
+local call, tonumber, tostring, find, match = redis.call, tonumber, tostring, string.find,
+  string.match
+local floor, unpack, type = math.floor, unpack, type
 
 local stream, meta, parents, status, ids, inbox, rate, idem, lim =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
@@ -115,41 +118,13 @@ local family = not open_routing
 -- wherever it is concatenated)
 local now = now_ms()
 local now_s = now .. '' -- converted once: number to string is one of Lua's slower steps
--- the same numbers recur across a broadcast's recipients (full buckets, equal inbox depths):
--- each is converted once per call
-local digits, bucket_values = {}, {}
+-- the same numbers recur across a broadcast's recipients (equal inbox depths): each is
+-- converted once per call
+local digits = {}
 local function str(n)
   local s = digits[n]
   if not s then s = n .. ''; digits[n] = s end
   return s
-end
-local function bucket_value(tokens) -- "tokens now_ms"
-  local s = bucket_values[tokens]
-  if not s then s = tokens .. ' ' .. now_s; bucket_values[tokens] = s end
-  return s
-end
-
--- token bucket "tokens last_ms": returns ok, tokens_after, retry_ms (nothing written). The
--- last value parsed is kept: a broadcast's pair buckets, written in one call, hold one value.
--- A bucket this call spent twice is a table {tokens} (its time is now), turned into text
--- once, when the call writes its counters.
-local seen_v, seen_tk, seen_last = nil, 0, 0
-local function bucket(v, burst, per_s)
-  if burst <= 0 or per_s <= 0 then return true, nil, 0 end
-  local tokens = burst
-  if type(v) == 'table' then
-    tokens = min(burst, v[1])
-  elseif v then
-    if v ~= seen_v then
-      local tk, last = match(v, '^(%S+) (%S+)$')
-      seen_v, seen_tk, seen_last = v, tonumber(tk), tonumber(last)
-    end
-    tokens = min(burst, seen_tk + (now > seen_last and now - seen_last or 0) * per_s / 1000)
-  end
-  if tokens < 1 then
-    return false, tokens, ceil((1 - tokens) * 1000 / per_s)
-  end
-  return true, tokens - 1, 0
 end
 
 -- Append the message at ARGV offset `base` to the stream, addressed to `to` (names joined by
@@ -179,25 +154,7 @@ local function append(base, to, depth, chain, broadcast)
   return call('XADD', stream, '*', unpack(f, 1, n))
 end
 
--- ping-pong dampener "turns at_ms last_sender" of the pair: the turns this send would make
-local function dampened(v, name)
-  if not v then return 0 end
-  local n, at, last = match(v, '^(%d+) (%d+) (.*)$')
-  if not at or now - at > dampen_window then return 0 end
-  if last == name then return n + 1 end
-  return n + 0
-end
-local first_turn = {} -- sender -> "0 now sender", the value most sends write
-
--- may the sender (whose parent is sp) reach `name` (whose parent is `np`)? relation, allowed
-local function reach(sender, sp, name, np)
-  local rel = 'member'
-  if np == sender then rel = 'child'
-  elseif name == sp and sp ~= '' then rel = 'parent'
-  elseif np == sp then rel = 'sibling' end
-  if open_routing or rel == 'child' or rel == 'parent' then return rel, true end
-  return rel, rel == 'sibling' and siblings
-end
+local first_turn = {} -- sender -> "0 now sender", the dampener value most sends write
 
 -- What this call knows and will write. Sends change only the rate hash, the inbox depths,
 -- the idempotency keys and the stream, so everything read here stays true for the call.
@@ -228,56 +185,6 @@ local function members(names, nn, with_parents)
   if not with_parents then return end
   local pa = call('HMGET', parents, unpack(need, 1, n))
   for i = 1, n do parent_of[need[i]] = pa[i] or false end
-end
-
--- Read rate fields into `cached`: by name, or (many fields of a hash Redis still keeps as a
--- list, where each name is a scan of it all) the whole hash at once.
-local function rate_fields(fields, nf)
-  if nf > 16 and call('HLEN', rate) <= 128 then
-    local want = {}
-    for i = 1, nf do want[fields[i]] = true; cached[fields[i]] = false end
-    local flat = call('HGETALL', rate)
-    for i = 1, #flat, 2 do
-      if want[flat[i]] then cached[flat[i]] = flat[i + 1] end
-    end
-    return
-  end
-  local vals = call('HMGET', rate, unpack(fields, 1, nf))
-  for i = 1, nf do cached[fields[i]] = vals[i] or false end
-end
-
--- The rate fields of a pair, named once per call: the sender's pair bucket, the recipient's
--- breaker and (when the dampener is on and asked for) the pair's dampener.
-local pair_names, breaker_names, damper_names = {}, {}, {}
-local function pair_fields(sender, name, dampen)
-  local pairs_of = pair_names[sender]
-  if not pairs_of then pairs_of = {}; pair_names[sender] = pairs_of end
-  local pf = pairs_of[name]
-  if not pf then pf = 'p\n' .. sender .. '\n' .. name; pairs_of[name] = pf end
-  local bf = breaker_names[name]
-  if not bf then bf = 'b\n' .. name; breaker_names[name] = bf end
-  if not dampen then return pf, bf, false end
-  local dampers = damper_names[sender]
-  if not dampers then dampers = {}; damper_names[sender] = dampers end
-  local df = dampers[name]
-  if not df then
-    if name < sender then df = 'd\n' .. name .. '\n' .. sender
-    else df = 'd\n' .. sender .. '\n' .. name end
-    dampers[name] = df
-  end
-  return pf, bf, df
-end
-
--- A bucket spent by an accepted message. The first spend of a field in a call stores its text
--- (shared by a broadcast's equal buckets); a field spent again (a batch to the same pair)
--- becomes a table whose count later spends change in place, turned into text once at the end.
-local function spend(field, tokens)
-  if dirty[field] then
-    local v = cached[field]
-    if type(v) == 'table' then v[1] = tokens else cached[field] = {tokens} end
-  else
-    cached[field], dirty[field] = bucket_value(tokens), true
-  end
 end
 
 -- Before the first message: what the call's messages name, read in one command per hash (the
@@ -327,7 +234,7 @@ do
   members(names, nn, with_parents)
   if nf > 0 then
     nf = nf + 1; fields[nf] = '#sent'
-    rate_fields(fields, nf)
+    rate_fields(rate, cached, fields, nf)
   end
   if nd > 0 then
     local vals = call('HMGET', inbox, unpack(depths, 1, nd))
@@ -335,36 +242,10 @@ do
   end
 end
 
--- The steps of send_message() that are more than a few lines, in the order it takes them.
--- A check returns nothing when the message may go on, else code, message, limit, current
--- (and retry_ms).
-
--- the channel is open, and the text rules: sizes, printable (no C0/C1 control characters),
--- a type the caller may send, a priority that exists
-local function check_text(base)
-  local subject, body, mtype, prio = ARGV[base + 4], ARGV[base + 5], ARGV[base + 6], ARGV[base + 7]
-  if paused then return 'channel_paused', 'channel is paused' end
-  if #body > max_body then return 'too_large', 'body is too large (bytes)', max_body, #body end
-  if subject ~= '' then
-    if #subject > max_name then -- never more characters than bytes: count only when needed
-      local _, n = gsub(subject, '[^\128-\191]', '')
-      if n > max_name then return 'too_large', 'subject is too long (characters)', max_name, n end
-    end
-    if find(subject, '[%c\194]')
-      and (find(subject, '%c') or find(subject, '\194[\128-\159]')) then
-      return 'invalid_input', 'subject has control characters'
-    end
-  end
-  if mtype ~= 'message' then
-    if #mtype > 32 or not find(mtype, '^[a-z_]+$') then return 'invalid_input', 'bad message type' end
-    if mtype == 'outcome' or mtype == 'control' then
-      return 'invalid_input', 'outcome and control messages are written by the bus only'
-    end
-  end
-  if prio ~= '0' and prio ~= '1' and prio ~= '2' then
-    return 'invalid_input', 'priority must be 0, 1 or 2'
-  end
-end
+-- The steps of send_message() that are more than a few lines, in the order it takes them
+-- (the text rules, check_text, and the chain's, chain_of, are helpers of _limits.lua and
+-- _chain.lua). A check returns nothing when the message may go on, else code, message, limit,
+-- current (and retry_ms).
 
 -- idempotent replay: the same sender and key return the first send's id. Returns the
 -- idempotency field, and the replay's reply when the key was used before.
@@ -384,63 +265,6 @@ local function replay(sender, ikey)
   return ifield, {2, string.sub(prev, 1, tab - 1), sent_to}
 end
 
--- The chain a message continues, and its rules. Its parent is the message it answers
--- (reply_to) or, failing that, the one its sender is handling (cause: a new message sent
--- between wait() and mark_done(), or inside a serve handler). A message with a parent is one
--- deeper in the parent's chain, whose id is the entry id of the chain's first message ("h";
--- a message without one starts a chain of its own). A chain is refused past max_chain_depth
--- and past max_chain_messages messages (its count "c\nID" in the rate hash, the first message
--- included); so a ring of agents each sending a new message for every one it handles stops.
--- Returns the depth, the chain's id ("" for none), then the refusal.
-local function chain_of(reply_to, cause, mtype)
-  local parent = reply_to ~= '' and reply_to or cause
-  if parent == '' then return 0, '' end
-  if not find(parent, '^%d+%-%d+$') then
-    return 0, '', 'invalid_input', (parent == reply_to and 'reply_to' or 'cause')
-      .. ' is not a message id'
-  end
-  -- when the parent was trimmed: counted as a first reply, in a chain of its own
-  local depth, chain = 1, parent
-  local e = call('XRANGE', stream, parent, parent)
-  if e[1] then
-    local f, ptype, pdepth, psender = e[1][2], 'message', 0, ''
-    for i = 1, #f, 2 do
-      local k = f[i]
-      if k == 'k' then ptype = f[i + 1]
-      elseif k == 'd' then pdepth = tonumber(f[i + 1])
-      elseif k == 'h' then chain = f[i + 1]
-      elseif k == 'f' then psender = f[i + 1] end
-    end
-    depth = pdepth + 1
-    if mtype == 'auto_reply' and parent == reply_to then
-      if ptype == 'auto_reply' then
-        return depth, chain, 'loop', 'an auto_reply never answers an auto_reply', 0, 1
-      end
-      if find('\n' .. deny_list .. '\n', '\n' .. psender .. '\n', 1, true) then
-        return depth, chain, 'loop',
-          'no automatic answer to ' .. psender .. ' (deny-listed sender)', 0, 1
-      end
-    end
-  end
-  if depth > max_chain then
-    return depth, chain, 'chain_too_deep', 'chain too deep (replies, and messages sent while '
-      .. 'handling one)', max_chain, depth
-  end
-  if max_chain_msgs > 0 then
-    local cf = 'c\n' .. chain
-    local n = cached[cf]
-    if n == nil then
-      n = call('HGET', rate, cf) or false
-      cached[cf] = n
-    end
-    n = tonumber(n or '1')
-    if n >= max_chain_msgs then
-      return depth, chain, 'chain_too_deep', 'chain message budget spent', max_chain_msgs, n
-    end
-  end
-  return depth, chain
-end
-
 -- a recipient as named (a member's name, an agent id or "parent"): its name, or nil and why
 local function resolve(sender, sp, name)
   if name == 'parent' then
@@ -458,7 +282,7 @@ end
 -- Returns nothing but the tokens left in the pair bucket and the pair's turns when it passes.
 local function check_recipient(sender, sp, name, pf, bf, df)
   if family then
-    local rel, ok = reach(sender, sp, name, parent_of[name] or '')
+    local rel, ok = reach(sender, sp, name, parent_of[name] or '', open_routing, siblings)
     if not ok then
       return 'routing_refused', name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')'
     end
@@ -480,12 +304,12 @@ local function check_recipient(sender, sp, name, pf, bf, df)
     end
   end
   -- ping-pong dampener: "turns at_ms last_sender" per unordered pair
-  local turns = df and dampened(cached[df], name) or 0
+  local turns = df and dampened(cached[df], name, now, dampen_window) or 0
   if turns > dampen_turns then
     return 'loop', 'ping-pong between ' .. sender .. ' and ' .. name .. ' dampened',
       dampen_turns, turns, dampen_window
   end
-  local pass, left, wait_ms = bucket(cached[pf], pair_burst, pair_rate)
+  local pass, left, wait_ms = bucket(cached[pf], pair_burst, pair_rate, now)
   if not pass then
     return 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name, pair_burst, left, wait_ms
   end
@@ -515,7 +339,7 @@ local function everyone(sender, targets)
   for i = 1, #flat, 2 do
     local name, np = flat[i], flat[i + 1]
     if name ~= sender then
-      local rel, ok = reach(sender, sp, name, np)
+      local rel, ok = reach(sender, sp, name, np, open_routing, siblings)
       if ok then local g = groups[rel]; g[#g + 1] = name end
     end
   end
@@ -545,7 +369,8 @@ local function send_message(item, base)
   -- spent budget, a closed recipient): the idempotency key is looked up before any check
   local ifield, replayed = replay(sender, ARGV[base + 10])
   if replayed then return replayed end
-  local code, msg, limit, current, retry = check_text(base)
+  local code, msg, limit, current, retry = check_text(ARGV[base + 4], ARGV[base + 5],
+    ARGV[base + 6], ARGV[base + 7], paused, max_body, max_name)
   if code then return refuse(code, msg, limit, current) end
   -- the channel's message budget
   if max_msgs > 0 then
@@ -578,7 +403,8 @@ local function send_message(item, base)
   end
   local depth, chain
   depth, chain, code, msg, limit, current =
-    chain_of(ARGV[base + 8], ARGV[base + 14], ARGV[base + 6])
+    chain_of(stream, rate, cached, ARGV[base + 8], ARGV[base + 14], ARGV[base + 6], deny_list,
+      max_chain, max_chain_msgs)
   if code then return refuse(code, msg, limit, current) end
 
   -- the recipients, in order; duplicates dropped
@@ -655,7 +481,7 @@ local function send_message(item, base)
         depth_of[name] = 0
       end
     end
-    if nf > 0 then rate_fields(fields, nf) end
+    if nf > 0 then rate_fields(rate, cached, fields, nf) end
     if nd > 0 then
       local vals = call('HMGET', inbox, unpack(need_depth, 1, nd))
       for i = 1, nd do depth_of[need_depth[i]] = tonumber(vals[i] or '0') end
@@ -687,7 +513,7 @@ local function send_message(item, base)
   end
 
   local sfield = 's\n' .. sender
-  local s_ok, s_tokens, s_retry = bucket(cached[sfield], snd_burst, snd_rate)
+  local s_ok, s_tokens, s_retry = bucket(cached[sfield], snd_burst, snd_rate, now)
   if not s_ok then
     return refuse('rate_limited', 'sender rate limit for ' .. sender, snd_burst, s_tokens, s_retry)
   end
@@ -697,7 +523,7 @@ local function send_message(item, base)
   for k = 1, na do
     local i = ok_at[k]
     local name, j, tokens = targets[i], 3 * i, ok_tokens[k]
-    if tokens then spend(keyed[j - 2], tokens) end
+    if tokens then spend(cached, dirty, keyed[j - 2], tokens, now_s) end
     local df = keyed[j]
     if df then
       local turns, v = ok_turns[k], first_turn[sender]
@@ -717,7 +543,7 @@ local function send_message(item, base)
     local cf = 'c\n' .. chain
     cached[cf], dirty[cf] = tonumber(cached[cf] or '1') + 1, true
   end
-  if s_tokens then spend(sfield, s_tokens) end
+  if s_tokens then spend(cached, dirty, sfield, s_tokens, now_s) end
   local to = na == 1 and targets[ok_at[1]] or table.concat(accepted, '\n', 1, na)
   local id = append(base, to, depth, chain, mode == 'all')
   sent_any = true
@@ -745,7 +571,7 @@ if sent_any then
   local kv, n = {}, 0
   for field in pairs(dirty) do
     local v = cached[field]
-    if type(v) == 'table' then v = bucket_value(v[1]) elseif type(v) == 'number' then v = str(v) end
+    if type(v) == 'table' then v = bucket_value(v[1], now_s) elseif type(v) == 'number' then v = str(v) end
     kv[n + 1], kv[n + 2], n = field, v, n + 2
   end
   call('HSET', rate, unpack(kv, 1, n))
