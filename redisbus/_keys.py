@@ -8,14 +8,17 @@
 {prefix}:{<channel>}:ids     hash: agent id -> agent name
 {prefix}:{<channel>}:inbox   hash: agent name -> undone messages addressed to it
 {prefix}:{<channel>}:rate    hash: token buckets ("s\\nSENDER", "p\\nSENDER\\nRECIPIENT"),
-                             breakers, dampeners, "#sent"; "#table", a long value that keeps
-                             Redis from storing the hash as a list (a scan per field)
+                             breakers, dampeners, "#sent"; "#lim", the limits and pause switch
+                             of meta packed for send.lua (a cache it fills, read with the
+                             buckets; changing meta's limits or pause deletes it); "#table", a
+                             long value that keeps Redis from storing the hash as a list (a
+                             scan per field)
 {prefix}:{<channel>}:idem    hash: "SENDER\\nKEY" -> "id\\trecipients"
 {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
 {prefix}:{<channel>}:dlq     stream of dead letters
 {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
-{prefix}:{<channel>}:lim     string: the limits and pause switch of meta, packed for send.lua
-                             (a cache it fills; changing meta's limits or pause deletes it)
+{prefix}:{<channel>}:lim     string: where versions up to 0.1 cached what "#lim" holds; never
+                             written now, deleted by configure and when send.lua refills "#lim"
 {prefix}:{<channel>}:nonce   hash: "KID:NONCE" of a signed entry -> the first entry id carrying it
 {prefix}:{<channel>}:nonce:at  sorted set: the same pairs by when they were recorded (ms), so
                              settle.lua forgets them after the replay horizon

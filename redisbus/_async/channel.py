@@ -104,11 +104,12 @@ class AsyncChannel:
 
     async def _update_meta(self, fields: dict[str, str]) -> core.ChannelConfig:
         """Write meta fields and drop send.lua's packed copy of the limits and pause switch
-        (it repacks them from meta) in one script: atomic, so every send after it, on any
-        host, sees the change, and a failure leaves the channel as it was."""
+        (the rate hash's '#lim'; it repacks them from meta), and older versions' copy, in one
+        script: atomic, so every send after it, on any host, sees the change, and a failure
+        leaves the channel as it was."""
         k = self.keys
         reply = await self.bus._io.script(
-            "configure", [k.meta, k.limits], [x for kv in fields.items() for x in kv]
+            "configure", [k.meta, k.limits, k.rate], [x for kv in fields.items() for x in kv]
         )
         core.raise_if_refused(reply)
         flat = reply[1:]

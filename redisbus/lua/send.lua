@@ -2,7 +2,8 @@
 --
 -- KEYS[1] stream   KEYS[2] meta    KEYS[3] parents   KEYS[4] status
 -- KEYS[5] ids      KEYS[6] inbox   KEYS[7] rate      KEYS[8] idem
--- KEYS[9] limits (a cache of meta's limits and pause switch, which send.lua fills)
+-- KEYS[9] limits: the string where older versions cached meta's limits (the cache is the
+--         rate hash's '#lim' field now); deleted when the cache is refilled
 -- ARGV is one message or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
@@ -37,10 +38,11 @@
 --
 -- Written for the hot path, where the Lua itself costs more than the Redis commands it calls:
 -- library functions are locals; before the first message, one HMGET per hash reads what every
--- message of the call names (statuses, parents, rate fields, inbox depths), so a plain send
--- reads four hashes once and the routine finds the rest known; field names and numbers turned
--- into text are made once per call; the limits come from one MessagePack field (one C call,
--- numbers already numbers); the common cases skip the pattern matching they cannot fail.
+-- message of the call names (the channel's limits with the rate fields, then statuses,
+-- parents, inbox depths), so a plain send reads three hashes once (TIME, three HMGETs, XADD and
+-- two HSETs) and the routine finds the rest known; field names and numbers turned into text
+-- are made once per call; the limits come from one JSON field (one C call, numbers already
+-- numbers); the common cases skip the pattern matching they cannot fail.
 
 local call, tonumber, tostring, find, match = redis.call, tonumber, tostring, string.find,
   string.match
@@ -58,14 +60,28 @@ local function refuse(code, msg, limit, current, retry_ms)
   return {0, code, msg, tostring(limit or ""), tostring(current or ""), tostring(retry_ms or "")}
 end
 
--- The channel's limits and pause switch, packed (MessagePack) in the limits key by the first
--- accepted send: one GET and one C call to unpack, instead of fifteen hash fields to read and
--- convert. configure(), pause() and resume() delete the key with their change to meta (one
--- script, configure.lua). The in-memory test double (fakeredis) has no cmsgpack: there the
--- key holds the values tab-separated.
+-- The channel's limits and pause switch, packed in the rate hash's '#lim' field by the first
+-- accepted send: read with the call's rate fields (no command of its own) and unpacked by one
+-- C call (cjson), numbers already numbers, instead of fifteen hash fields to read and convert.
+-- Text, as the rest of the hash (a client that decodes replies can read it): JSON, numbers
+-- written with 17 digits, so each reads back as the very number meta held. configure(),
+-- pause() and resume() delete the field with their change to meta (one script,
+-- configure.lua). The in-memory test double (fakeredis, whose cjson is not Redis') keeps the
+-- values tab-separated.
 local pack_cfg, unpack_cfg
-if cmsgpack then
-  pack_cfg, unpack_cfg = cmsgpack.pack, cmsgpack.unpack
+if cmsgpack then -- a real Redis
+  pack_cfg = function(...)
+    local v, out = {...}, {}
+    for i = 1, 16 do
+      local x = v[i]
+      if type(x) == 'number' then out[i] = string.format('%.17g', x)
+      elseif x == nil then out[i] = 'null'
+      else out[i] = cjson.encode(x) end
+    end
+    return '[' .. table.concat(out, ',') .. ']'
+  end
+  local decode = cjson.decode
+  unpack_cfg = function(text) return unpack(decode(text), 1, 16) end
 else
   pack_cfg = function(...)
     local v = {...}
@@ -79,7 +95,62 @@ else
     return unpack(v, 1, 16)
   end
 end
-local cfg, new_cfg = call('GET', lim), nil
+
+-- The call's copy of the rate hash: field -> value|false (none), and the fields to write.
+local cached, dirty = {}, {}
+
+-- Before the first message: what the call's messages name. Read here, in one command: the
+-- limits ('#lim'), the budget ('#sent'), and each sender's bucket, each pair's bucket and
+-- dampener and each named recipient's breaker; the members and inbox depths they name are
+-- read once the limits are known (below). send_message() reads whatever is still unknown
+-- (agent ids, "parent", a broadcast's members) when it gets there.
+local pre_names, pre_nn, pre_depths, pre_nd, pre_parents = {}, 0, {}, 0, false
+do
+  local names, nn, fields, nf, depths, nd = pre_names, 0, {'#lim', '#sent'}, 2, pre_depths, 0
+  local named, counted = {}, {}
+  local given = {} -- the recipients named by one message
+  for item = 1, count do
+    local base = (item - 1) * NF
+    local sender, mode, rcpt = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
+    if not named[sender] then named[sender] = true; nn = nn + 1; names[nn] = sender end
+    if mode ~= 'all' then -- a broadcast reads its recipients' fields with the whole hashes
+      local sf = 's\n' .. sender
+      if not counted[sf] then counted[sf] = true; nf = nf + 1; fields[nf] = sf end
+      local ng = 1
+      if mode == 'one' then
+        given[1] = rcpt
+      else
+        ng = 0
+        for name in string.gmatch(rcpt, '[^\n]+') do ng = ng + 1; given[ng] = name end
+      end
+      for i = 1, ng do
+        local name = given[i]
+        if name == 'parent' then
+          pre_parents = true
+        elseif name ~= sender then
+          if not named[name] then named[name] = true; nn = nn + 1; names[nn] = name end
+          -- the dampener's field too, before the limits say whether it is on (it is by
+          -- default): read for nothing when it is off
+          local pf, bf, df = pair_fields(sender, name, true)
+          if not counted[pf] then
+            counted[pf] = true
+            nf = nf + 1; fields[nf] = pf
+            nf = nf + 1; fields[nf] = df
+          end
+          if not counted[bf] then
+            counted[bf] = true
+            nf = nf + 1; fields[nf] = bf
+            nd = nd + 1; depths[nd] = name
+          end
+        end
+      end
+    end
+  end
+  pre_nn, pre_nd = nn, nd
+  rate_fields(rate, cached, fields, nf)
+end
+
+local cfg, new_cfg = cached['#lim'], nil
 if not cfg then
   local f = call('HMGET', meta, 'routing', 'siblings', 'inbox_cap', 'max_body_bytes',
     'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst',
@@ -97,14 +168,6 @@ if not cfg then
     tonumber(f[11]), tonumber(f[12]) or 0, (tonumber(f[13]) or 0) * 1000, f[14] or '',
     f[15] == '1' and 1 or 0, tonumber(f[16]) or 0)
   new_cfg = cfg
-end
--- With the limits cached, the rate hash gets its '#table' field: a value longer than Redis'
--- hash-max-listpack-value (64 bytes by default) keeps the hash a hash table. Kept as a list
--- (up to 128 fields), every field a broadcast writes would be a scan of the whole hash.
-local function store_cfg()
-  call('SET', lim, new_cfg)
-  call('HSET', rate, '#table',
-    'over 64 bytes, so Redis keeps this hash a table: one lookup per field, not a scan of all')
 end
 local routing, sib, inbox_cap, max_body, max_name, pair_burst, pair_rate, snd_burst, snd_rate,
   max_chain, max_msgs, dampen_turns, dampen_window, deny_list, paused_flag,
@@ -158,7 +221,6 @@ local first_turn = {} -- sender -> "0 now sender", the dampener value most sends
 
 -- What this call knows and will write. Sends change only the rate hash, the inbox depths,
 -- the idempotency keys and the stream, so everything read here stays true for the call.
-local cached, dirty = {}, {}        -- rate hash: field -> value|false; fields to write
 local status_of, parent_of = {}, {} -- member -> status / parent name, false: none
 local depth_of, depth_dirty = {}, {} -- inbox depth now (read, plus this call's); to write
 local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to write (lazy)
@@ -187,59 +249,12 @@ local function members(names, nn, with_parents)
   for i = 1, n do parent_of[need[i]] = pa[i] or false end
 end
 
--- Before the first message: what the call's messages name, read in one command per hash (the
--- status and parent of every sender and named recipient; the budget, the sender buckets, the
--- pair fields and the inbox depth of every named recipient). send_message() reads whatever is
--- still unknown (agent ids, "parent", a broadcast's members) when it gets there.
-do
-  local names, nn, fields, nf, depths, nd = {}, 0, {}, 0, {}, 0
-  local named, counted, with_parents = {}, {}, family
-  local dampen = dampen_turns > 0
-  local given = {} -- the recipients named by one message
-  for item = 1, count do
-    local base = (item - 1) * NF
-    local sender, mode, rcpt = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3]
-    if not named[sender] then named[sender] = true; nn = nn + 1; names[nn] = sender end
-    if mode ~= 'all' then -- a broadcast reads its recipients' fields with the whole hashes
-      local sf = 's\n' .. sender
-      if not counted[sf] then counted[sf] = true; nf = nf + 1; fields[nf] = sf end
-      local ng = 1
-      if mode == 'one' then
-        given[1] = rcpt
-      else
-        ng = 0
-        for name in string.gmatch(rcpt, '[^\n]+') do ng = ng + 1; given[ng] = name end
-      end
-      for i = 1, ng do
-        local name = given[i]
-        if name == 'parent' then
-          with_parents = true
-        elseif name ~= sender then
-          if not named[name] then named[name] = true; nn = nn + 1; names[nn] = name end
-          local pf, bf, df = pair_fields(sender, name, dampen)
-          if not counted[pf] then
-            counted[pf] = true
-            nf = nf + 1; fields[nf] = pf
-            if df then nf = nf + 1; fields[nf] = df end
-          end
-          if not counted[bf] then
-            counted[bf] = true
-            nf = nf + 1; fields[nf] = bf
-            nd = nd + 1; depths[nd] = name
-          end
-        end
-      end
-    end
-  end
-  members(names, nn, with_parents)
-  if nf > 0 then
-    nf = nf + 1; fields[nf] = '#sent'
-    rate_fields(rate, cached, fields, nf)
-  end
-  if nd > 0 then
-    local vals = call('HMGET', inbox, unpack(depths, 1, nd))
-    for i = 1, nd do depth_of[depths[i]] = tonumber(vals[i] or '0') end
-  end
+-- What the call's messages name, continued: the status (and parent) of every sender and named
+-- recipient, and the inbox depth of every named recipient, one command per hash.
+members(pre_names, pre_nn, pre_parents or family)
+if pre_nd > 0 then
+  local vals = call('HMGET', inbox, unpack(pre_depths, 1, pre_nd))
+  for i = 1, pre_nd do depth_of[pre_depths[i]] = tonumber(vals[i] or '0') end
 end
 
 -- The steps of send_message() that are more than a few lines, in the order it takes them
@@ -574,11 +589,20 @@ if sent_any then
     if type(v) == 'table' then v = bucket_value(v[1], now_s) elseif type(v) == 'number' then v = str(v) end
     kv[n + 1], kv[n + 2], n = field, v, n + 2
   end
+  if new_cfg then
+    -- the limits cached (the string older versions cached them in goes). With them, the
+    -- '#table' field: a value longer than Redis' hash-max-listpack-value (64 bytes by
+    -- default) keeps the hash a hash table. Kept as a list (up to 128 fields), every field a
+    -- broadcast writes would be a scan of the whole hash.
+    kv[n + 1], kv[n + 2], kv[n + 3], n = '#lim', new_cfg, '#table', n + 3
+    kv[n + 1], n = 'over 64 bytes, so Redis keeps this hash a table: one lookup per field, '
+      .. 'not a scan of all', n + 1
+    call('DEL', lim)
+  end
   call('HSET', rate, unpack(kv, 1, n))
   kv, n = {}, 0
   for name in pairs(depth_dirty) do kv[n + 1], kv[n + 2], n = name, str(depth_of[name]), n + 2 end
   call('HSET', inbox, unpack(kv, 1, n))
   if idem_new and #idem_new > 0 then call('HSET', idem, unpack(idem_new)) end
-  if new_cfg then store_cfg() end
 end
 return out or result
