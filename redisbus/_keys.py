@@ -17,7 +17,7 @@
 {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
 {prefix}:{<channel>}:dlq     stream of dead letters
 {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
-{prefix}:{<channel>}:lim     string: where versions up to 0.1 cached what "#lim" holds; never
+{prefix}:{<channel>}:lim     string: where 0.1.0 cached what "#lim" holds; never
                              written now, deleted by configure and when send.lua refills "#lim"
 {prefix}:{<channel>}:nonce   hash: "KID:NONCE" of a signed entry -> the first entry id carrying it
 {prefix}:{<channel>}:nonce:at  sorted set: the same pairs by when they were recorded (ms), so

@@ -60,42 +60,6 @@ local function refuse(code, msg, limit, current, retry_ms)
   return {0, code, msg, tostring(limit or ""), tostring(current or ""), tostring(retry_ms or "")}
 end
 
--- The channel's limits and pause switch, packed in the rate hash's '#lim' field by the first
--- accepted send: read with the call's rate fields (no command of its own) and unpacked by one
--- C call (cjson), numbers already numbers, instead of fifteen hash fields to read and convert.
--- Text, as the rest of the hash (a client that decodes replies can read it): JSON, numbers
--- written with 17 digits, so each reads back as the very number meta held. configure(),
--- pause() and resume() delete the field with their change to meta (one script,
--- configure.lua). The in-memory test double (fakeredis, whose cjson is not Redis') keeps the
--- values tab-separated.
-local pack_cfg, unpack_cfg
-if cmsgpack then -- a real Redis
-  pack_cfg = function(...)
-    local v, out = {...}, {}
-    for i = 1, 16 do
-      local x = v[i]
-      if type(x) == 'number' then out[i] = string.format('%.17g', x)
-      elseif x == nil then out[i] = 'null'
-      else out[i] = cjson.encode(x) end
-    end
-    return '[' .. table.concat(out, ',') .. ']'
-  end
-  local decode = cjson.decode
-  unpack_cfg = function(text) return unpack(decode(text), 1, 16) end
-else
-  pack_cfg = function(...)
-    local v = {...}
-    for i = 1, 16 do v[i] = v[i] == nil and '' or tostring(v[i]) end
-    return table.concat(v, '\t')
-  end
-  unpack_cfg = function(text)
-    local v = {match(text, '^' .. string.rep('([^\t]*)\t', 15) .. '(.*)$')}
-    for i = 3, 13 do v[i] = tonumber(v[i]) end
-    v[15], v[16] = tonumber(v[15]), tonumber(v[16])
-    return unpack(v, 1, 16)
-  end
-end
-
 -- The call's copy of the rate hash: field -> value|false (none), and the fields to write.
 local cached, dirty = {}, {}
 
@@ -150,6 +114,14 @@ do
   rate_fields(rate, cached, fields, nf)
 end
 
+-- The channel's limits and pause switch, packed in the rate hash's '#lim' field by the first
+-- accepted send: read with the call's rate fields (no command of its own) and unpacked by one
+-- C call (cjson), numbers already numbers, instead of fifteen hash fields to read and convert.
+-- Text, as the rest of the hash (a client that decodes replies can read it): JSON, numbers
+-- written with 17 digits, so each reads back as the very number meta held. configure(),
+-- pause() and resume() delete the field with their change to meta (one script,
+-- configure.lua). The in-memory test double (fakeredis, whose cjson is not Redis') keeps the
+-- values tab-separated.
 local cfg, new_cfg = cached['#lim'], nil
 if not cfg then
   local f = call('HMGET', meta, 'routing', 'siblings', 'inbox_cap', 'max_body_bytes',
@@ -163,17 +135,32 @@ if not cfg then
     for i = 1, count do out[i] = r end
     return out
   end
-  cfg = pack_cfg(f[1], f[2] or '', tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
+  local v = {f[1], f[2] or '', tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
     tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10]),
     tonumber(f[11]), tonumber(f[12]) or 0, (tonumber(f[13]) or 0) * 1000, f[14] or '',
-    f[15] == '1' and 1 or 0, tonumber(f[16]) or 0)
+    f[15] == '1' and 1 or 0, tonumber(f[16]) or 0}
+  for i = 1, 16 do
+    local x = v[i]
+    if not cmsgpack then v[i] = x == nil and '' or tostring(x)
+    elseif type(x) == 'number' then v[i] = string.format('%.17g', x)
+    elseif x == nil then v[i] = 'null'
+    else v[i] = cjson.encode(x) end
+  end
+  cfg = cmsgpack and '[' .. table.concat(v, ',') .. ']' or table.concat(v, '\t')
   new_cfg = cfg
+end
+local limits
+if cmsgpack then
+  limits = cjson.decode(cfg)
+else
+  limits = {match(cfg, '^' .. string.rep('([^\t]*)\t', 15) .. '(.*)$')}
+  for i = 3, 13 do limits[i] = tonumber(limits[i]) end
+  limits[15], limits[16] = tonumber(limits[15]), tonumber(limits[16])
 end
 local routing, sib, inbox_cap, max_body, max_name, pair_burst, pair_rate, snd_burst, snd_rate,
   max_chain, max_msgs, dampen_turns, dampen_window, deny_list, paused_flag,
-  max_chain_msgs = unpack_cfg(cfg)
+  max_chain_msgs = unpack(limits, 1, 16)
 local paused = paused_flag == 1
-max_chain_msgs = max_chain_msgs or 0 -- limits packed before there was a chain budget
 local siblings, open_routing = sib == '1', routing == 'open'
 local family = not open_routing
 
