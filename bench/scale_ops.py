@@ -34,8 +34,9 @@ class OpCost:
     face: str
     topology: str
     shard: int
-    commands: float  # server commands per call, those inside scripts included
-    server_us: float  # execution µs of the top-level commands, per call
+    commands: float  # server commands per call on the channel's shard, scripts' included
+    elsewhere: float  # ... on the other shards (a Cluster client's COMMAND GETKEYS)
+    server_us: float  # execution µs of the top-level commands, per call, on every shard
     sent: str  # top-level commands per call (sync face; the async face sends the same)
     wall_us: float  # median
     client_cpu_us: float  # mean
@@ -65,14 +66,15 @@ async def _close(bus: Any) -> None:
 
 
 async def _measure(
-    node: Any,
+    nodes: list[Any],
     call: Call,
     setup: Call | None,
     n: int,
     top: set[str] | None,
-) -> tuple[float, float, Counter[str], float, float]:
-    """(commands, server µs, sent names, wall µs p50, client CPU µs mean) per call. ``top``:
-    the top-level command names, when the call's own (sync sockets only) cannot be counted."""
+) -> tuple[float, float, float, Counter[str], float, float]:
+    """(commands on the first node, on the others, server µs on all, sent names, wall µs p50,
+    client CPU µs mean) per call. ``top``: the top-level command names, when the call's own
+    (counted on sync sockets only) are not known."""
     for _ in range(min(10, n)):  # warm-up
         if setup:
             await setup()
@@ -80,24 +82,30 @@ async def _measure(
     trips = RoundTrips(names=True)
     walls: list[int] = []
     cpu = 0.0
-    commands = usec = 0
+    here = elsewhere = usec = 0
     for _ in range(n):
         if setup:
             await setup()
-        before = command_stats(node)
+        before = [command_stats(node) for node in nodes]
         with trips.counting():
             c0, t0 = time.process_time(), time.perf_counter_ns()
             await call()
             walls.append(time.perf_counter_ns() - t0)
             cpu += time.process_time() - c0
-        after = command_stats(node)
-        for name, (calls, us) in after.items():
-            c, u = before.get(name, (0, 0))
-            if data_command(name):
-                commands += calls - c
+        after = [command_stats(node) for node in nodes]
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            for name, (calls, us) in a.items():
+                c, u = b.get(name, (0, 0))
+                if not data_command(name):
+                    continue
+                if i == 0:
+                    here += calls - c
+                else:
+                    elsewhere += calls - c
                 if name in (trips.commands if top is None else top):
                     usec += us - u
-    return commands / n, usec / n, trips.commands, statistics.median(walls) / 1e3, cpu * 1e6 / n
+    wall = statistics.median(walls) / 1e3
+    return here / n, elsewhere / n, usec / n, trips.commands, wall, cpu * 1e6 / n
 
 
 async def _face_costs(
@@ -107,7 +115,7 @@ async def _face_costs(
     out: list[OpCost] = []
     try:
         for shard, port in enumerate(topo.primaries):
-            node = topo.client(port)
+            nodes = [topo.client(p) for p in (port, *(p for p in topo.primaries if p != port))]
             stem = f"{prefix}-ops-{face}-s{shard}"
             quiet = await maybe_await(bus.channel(channel_on(topo, shard, stem + "q"), **LIMITS))
             x = await maybe_await(quiet.join("x"))
@@ -166,11 +174,12 @@ async def _face_costs(
                     await settle()
                     await drain()
                 top = set(names[op]) if op in names else None
-                cmds, us, sent, wall, cpu = await _measure(node, call, setup, count, top)
+                cmds, other, us, sent, wall, cpu = await _measure(nodes, call, setup, count, top)
                 sent = names.setdefault(op, sent)
                 shown = ", ".join(f"{c}x{v / count:g}" for c, v in sent.most_common())
-                out.append(OpCost(op, face, topo.label, shard, cmds, us, shown, wall, cpu))
-            node.close()
+                out.append(OpCost(op, face, topo.label, shard, cmds, other, us, shown, wall, cpu))
+            for node in nodes:
+                node.close()
     finally:
         await _close(bus)
     return out
@@ -199,13 +208,35 @@ class Footprint:
     residual_per_agent: float  # after every message was done and the channels swept
     key_bytes_idle: dict[str, int]  # MEMORY USAGE of one channel's keys, by key suffix
     key_bytes_loaded: dict[str, int]  # the same with one message in flight per agent
+    #: the same three from MEMORY USAGE summed over every key of the channels: what the
+    #: values take, without the allocator's and the keyspace's overhead (exact at any size)
+    usage_per_channel: float
+    usage_per_agent: float
+    usage_per_message: float
     beats: int  # heartbeat script calls in the window (one per channel per period)
     beat_us: float  # execution µs per beat (a channel of its agents)
-    beat_cpu_us: float  # main-thread CPU µs per beat, idle server work included
+    beat_cpu_us: float  # main-thread CPU µs per beat, the server's idle work taken out
 
 
 def _used(topo: Topology) -> int:
     return sum(s.used_memory for s in snapshot(topo, topo.primaries).values())
+
+
+def _usage(topo: Topology, match: str) -> int:
+    """MEMORY USAGE summed over the keys matching ``match`` on every primary."""
+    total = 0
+    for port in topo.primaries:
+        node = topo.client(port)
+        try:
+            keys = list(node.scan_iter(match=match, count=1000))
+            for i in range(0, len(keys), 500):
+                pipe = node.pipeline(transaction=False)
+                for key in keys[i : i + 500]:
+                    pipe.memory_usage(key, samples=0)
+                total += sum(int(v or 0) for v in pipe.execute())
+        finally:
+            node.close()
+    return total
 
 
 def _key_bytes(topo: Topology, channel: str) -> dict[str, int]:
@@ -228,24 +259,31 @@ def footprint(
     from redisbus import Bus, BusSettings
 
     settings = BusSettings(heartbeat_s=1.0, agent_lease_s=60.0)
+    match = f"*{{{prefix}-mem-c*"
     with Bus.from_url(topo.url, cluster=topo.cluster, settings=settings) as bus:
+        idle0, t0 = snapshot(topo, topo.primaries), time.perf_counter()
+        time.sleep(1.0)
+        idle = deltas(idle0, snapshot(topo, topo.primaries))
+        idle_rate = sum(d.cpu_s for d in idle.values()) / (time.perf_counter() - t0)
         m0 = _used(topo)
         chans = [bus.channel(f"{prefix}-mem-c{i}", **LIMITS) for i in range(channels)]
-        m1 = _used(topo)
+        m1, u1 = _used(topo), _usage(topo, match)
         fleet = [[ch.join(f"a{j}") for j in range(agents)] for ch in chans]
         time.sleep(1.5)  # every channel has had its first beat: its lease fields exist
-        before = snapshot(topo)
+        before, t0 = snapshot(topo), time.perf_counter()
         time.sleep(beat_window_s)
         d = deltas(before, snapshot(topo))
+        window = time.perf_counter() - t0
         beats = sum(d[p].calls.get("EVALSHA", 0) for p in topo.primaries)
         beat_us = sum(d[p].usec.get("EVALSHA", 0) for p in topo.primaries) / max(beats, 1)
-        beat_cpu = sum(d[p].cpu_s for p in topo.primaries) * 1e6 / max(beats, 1)
+        beat_cpu = sum(d[p].cpu_s for p in topo.primaries) - idle_rate * window
+        beat_cpu = max(0.0, beat_cpu) * 1e6 / max(beats, 1)
         idle_keys = _key_bytes(topo, chans[0].name)
-        m2 = _used(topo)
+        m2, u2 = _used(topo), _usage(topo, match)
         for members in fleet:
             for j, a in enumerate(members):
                 check(a.send(members[(j + 1) % agents].name, body()))
-        m3 = _used(topo)
+        m3, u3 = _used(topo), _usage(topo, match)
         loaded_keys = _key_bytes(topo, chans[0].name)
         for members in fleet:
             for a in members:
@@ -264,6 +302,9 @@ def footprint(
         residual_per_agent=(m4 - m1) / total,
         key_bytes_idle=idle_keys,
         key_bytes_loaded=loaded_keys,
+        usage_per_channel=u1 / channels,
+        usage_per_agent=(u2 - u1) / total,
+        usage_per_message=(u3 - u2) / total,
         beats=beats,
         beat_us=beat_us,
         beat_cpu_us=beat_cpu,

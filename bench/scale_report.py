@@ -30,14 +30,18 @@ def write(figures: list[FigureResult], machine: dict[str, Any], md_path: Path) -
         scale_md = out_dir / "SCALE.md"
         scale_md.write_text(markdown(LAST[0], machine))
         written += [scale_md, png]
-        links.append("- Scale-out model (figure `scale`): [SCALE.md](SCALE.md)")
+        links.append(
+            "- The scale-out model (figure `scale`): `bench/SCALE.md`, "
+            f"`bench/{PLOTS}/{THROUGHPUT_PNG}`"
+        )
     series = wakeup_series(figures)
     if series:
         png = out_dir / PLOTS / WAKEUP_PNG
         plot_wakeups(series, png)
         written.append(png)
-        links.append(f"- Wake-up latency distributions: ![wake-up]({PLOTS}/{WAKEUP_PNG})")
+        links.append(f"- Wake-up latency distributions: `bench/{PLOTS}/{WAKEUP_PNG}`")
     if links:
+        # paths, not links: docs/benchmarks.md includes this file, from another directory
         with md_path.open("a") as f:
             f.write("\n" + "\n".join(["See also:", "", *links]) + "\n")
     return written
@@ -165,11 +169,12 @@ def _ops_tables(r: ScaleResult) -> list[str]:
         row = [op, one.sent, f"{one.commands:.1f} / {one.server_us:.1f}"]
         for i in range(shards):
             c = next(o for o in mine if o.topology != one.topology and o.shard == i)
-            row.append(f"{c.commands:.1f} / {c.server_us:.1f}")
+            more = f" (+{c.elsewhere:.1f} elsewhere)" if c.elsewhere else ""
+            row.append(f"{c.commands:.1f}{more} / {c.server_us:.1f}")
         rows.append(row)
     lines = _table(head, rows)
     diff = max(
-        abs(a.commands - b.commands)
+        abs(a.commands + a.elsewhere - b.commands - b.elsewhere)
         for t in (r.one, r.cluster)
         for a in t.ops
         for b in t.ops
@@ -208,9 +213,9 @@ def _memory_tables(r: ScaleResult) -> list[str]:
         rows.append(
             [
                 t.topology.label,
-                f"{_n(m.bytes_per_channel)} B",
-                f"{_n(m.bytes_per_agent)} B",
-                f"{_n(m.bytes_per_message)} B",
+                f"{_n(m.bytes_per_channel)} B ({_n(m.usage_per_channel)})",
+                f"{_n(m.bytes_per_agent)} B ({_n(m.usage_per_agent)})",
+                f"{_n(m.bytes_per_message)} B ({_n(m.usage_per_message)})",
                 f"{_n(m.residual_per_agent)} B",
                 f"{_n(m.beat_us)} / {_n(m.beat_cpu_us)}",
             ]
@@ -221,7 +226,9 @@ def _memory_tables(r: ScaleResult) -> list[str]:
         "",
         f"{m.channels:,} channels of {m.agents // m.channels} agents: `used_memory` summed over "
         "the primaries as the channels are created, the agents join (and beat once), each agent "
-        "is sent one message, and all are done and swept ('left per agent'). A beat is one "
+        "is sent one message, and all are done and swept ('left per agent'); in brackets, "
+        "`MEMORY USAGE` summed over the channels' keys (the values without the allocator's "
+        "and the keyspace's overhead). A beat is one "
         f"script call per channel per `heartbeat_s` ({m.beats:,} in the idle window). One "
         "channel's keys (`MEMORY USAGE`, Cluster), idle and with one message in flight per agent:",
         "",
