@@ -237,6 +237,7 @@ FIGURES += (
             Metric("redirects", "MOVED/ASK/CROSSSLOT replies", "", False, False),
             Metric("split", "channels with keys off their slot", "", False, False),
             Metric("per_core", "messages/s per shard core (server CPU)", "msg/s", ratio=False),
+            Metric("one_per_core", "messages/s per core, one server", "msg/s", ratio=False),
             Metric("saturates_at", "busiest of 3 shards saturates at", "msg/s", ratio=False),
             Metric("bytes_agent", "bytes per idle agent", "B", False, False),
             Metric("bytes_channel", "bytes per channel", "B", False, False),

@@ -145,11 +145,16 @@ def capacity(r: ScaleResult) -> dict[str, Any]:
     per_core = 1e6 / cpu_us
     channels = FLEET // r.sizes.agents
     beat_cores = channels / HEARTBEAT_S * mem.beat_cpu_us / 1e6
+    # what a message costs a server when the client reaches it as it reaches one server (one
+    # round trip per call, no COMMAND GETKEYS): the same scripts, so the same work per message
+    one_cpu_us = r.one.per_msg("cpu_us_per_msg")
     rows = []
     for rate in RATES:
         cores = rate * cpu_us / 1e6 + beat_cores
         # at N shards the busiest holds ~spread/N of the channels: N = cores x spread / headroom
         by_cpu = max(1, math.ceil(cores * chan_spread / HEADROOM))
+        cores_one = rate * one_cpu_us / 1e6 + beat_cores
+        by_cpu_one = max(1, math.ceil(cores_one * chan_spread / HEADROOM))
         in_flight = rate * IN_FLIGHT_S
         gib = (FLEET * per_agent + in_flight * mem.bytes_per_message) / 2**30
         by_mem = max(1, math.ceil(gib / SHARD_GIB))
@@ -161,6 +166,7 @@ def capacity(r: ScaleResult) -> dict[str, Any]:
                 "gib": gib,
                 "by_mem": by_mem,
                 "shards": max(by_cpu, by_mem),
+                "shards_one_path": max(by_cpu_one, by_mem),
             }
         )
     return {
@@ -169,6 +175,8 @@ def capacity(r: ScaleResult) -> dict[str, Any]:
         "replica_cpu_us_per_msg": replica_cpu_us,
         "msgs_per_core": per_core,
         "msgs_per_core_exec": 1e6 / exec_us,
+        "one_cpu_us_per_msg": one_cpu_us,
+        "msgs_per_core_one_path": 1e6 / one_cpu_us,
         "bytes_per_agent_with_channel": per_agent,
         "agents_per_gib": 2**30 / per_agent,
         "agents_per_gib_in_flight": 2**30 / (per_agent + mem.bytes_per_message),
@@ -196,6 +204,7 @@ def metrics(r: ScaleResult) -> Metrics:
         "redirects": float(sum(x.redirects for x in cl.runs)),
         "split": float(len(cl.layout.split) + cl.layout.misplaced),
         "per_core": cap["msgs_per_core"],
+        "one_per_core": cap["msgs_per_core_one_path"],
         "saturates_at": cap["saturates_at"],
         "bytes_agent": cl.memory.bytes_per_agent,
         "bytes_channel": cl.memory.bytes_per_channel,
