@@ -64,7 +64,7 @@ class Sizes:
 class TopologyResult:
     topology: Topology
     ops: list[OpCost]
-    memory: Footprint
+    memory: Footprint | None
     runs: list[LoadRun]
     layout: KeyLayout
 
@@ -79,18 +79,30 @@ class ScaleResult:
     one: TopologyResult
     cluster: TopologyResult
     cluster_version: str
+    #: a Cluster of one shard (one primary, one replica: the processes of ``one``), load only
+    single: TopologyResult | None = None
     capacity: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def loaded(self) -> list[TopologyResult]:
+        """The topologies under load, fewest shards first."""
+        return [t for t in (self.one, self.single, self.cluster) if t is not None]
 
 
 #: The last measurement, for ``bench.scale_report`` to write out after the run.
 LAST: list[ScaleResult] = []
 
 
-def measure_topology(topo: Topology, ctx: Ctx, sizes: Sizes) -> TopologyResult:
+def measure_topology(
+    topo: Topology, ctx: Ctx, sizes: Sizes, load_only: bool = False
+) -> TopologyResult:
     prefix = ctx.name("scale")
-    ops = op_costs(topo, prefix, k=sizes.agents - 1, n=sizes.op_calls)
-    flush(topo)
-    memory = footprint(topo, prefix, sizes.mem_channels, sizes.agents, sizes.beat_window_s)
+    ops: list[OpCost] = []
+    memory: Footprint | None = None
+    if not load_only:
+        ops = op_costs(topo, prefix, k=sizes.agents - 1, n=sizes.op_calls)
+        flush(topo)
+        memory = footprint(topo, prefix, sizes.mem_channels, sizes.agents, sizes.beat_window_s)
     runs: list[LoadRun] = []
     layout: KeyLayout | None = None
     for n in sizes.processes:
@@ -112,6 +124,12 @@ def run(ctx: Ctx) -> Metrics:
             "one server", pair.url, False, (shard.primary,), ((0, 16_383),), tuple(shard.replicas)
         )
         one = measure_topology(topo, ctx, sizes)
+    with private_cluster(shards=1) as pc:
+        shard = pc.shards[0]
+        topo = Topology(
+            "1-shard Cluster", pc.url, True, (shard.primary,), ((0, 16_383),), tuple(shard.replicas)
+        )
+        single = measure_topology(topo, ctx, sizes, load_only=True)
     with private_cluster() as pc:
         topo = Topology(
             "3-shard Cluster",
@@ -122,7 +140,7 @@ def run(ctx: Ctx) -> Metrics:
             tuple(pc.replicas),
         )
         cluster = measure_topology(topo, ctx, sizes)
-    result = ScaleResult(sizes, one, cluster, pc.version)
+    result = ScaleResult(sizes, one, cluster, pc.version, single)
     result.capacity = capacity(result)
     LAST[:] = [result]
     return metrics(result)
@@ -139,6 +157,7 @@ def capacity(r: ScaleResult) -> dict[str, Any]:
     exec_us = c.per_msg("usec_per_msg")
     replica_cpu_us = statistics.median(x.replica_cpu_s * 1e6 / x.messages for x in c.runs)
     mem = c.memory
+    assert mem is not None
     per_agent = mem.bytes_per_agent + mem.bytes_per_channel / r.sizes.agents
     chan_spread = spread(c.runs[-1].shard_channels)
     shards = len(c.topology.primaries)
@@ -190,6 +209,8 @@ def capacity(r: ScaleResult) -> dict[str, Any]:
 
 def metrics(r: ScaleResult) -> Metrics:
     one, cl, cap = r.one, r.cluster, r.capacity
+    mem = cl.memory
+    assert mem is not None
     out: Metrics = {
         "one_cmds": one.per_msg("commands_per_msg"),
         "cluster_cmds": cl.per_msg("commands_per_msg"),
@@ -206,11 +227,15 @@ def metrics(r: ScaleResult) -> Metrics:
         "per_core": cap["msgs_per_core"],
         "one_per_core": cap["msgs_per_core_one_path"],
         "saturates_at": cap["saturates_at"],
-        "bytes_agent": cl.memory.bytes_per_agent,
-        "bytes_channel": cl.memory.bytes_per_channel,
-        "bytes_msg": cl.memory.bytes_per_message,
+        "bytes_agent": mem.bytes_per_agent,
+        "bytes_channel": mem.bytes_per_channel,
+        "bytes_msg": mem.bytes_per_message,
         "agents_per_gib": cap["agents_per_gib"],
     }
+    if r.single is not None:
+        out["single_cmds"] = r.single.per_msg("commands_per_msg")
+        out["single_cpu_us"] = r.single.per_msg("cpu_us_per_msg")
+        out["scale_cpu_ratio"] = out["cluster_cpu_us"] / out["single_cpu_us"]
     out["cmds_ratio"] = out["cluster_cmds"] / out["one_cmds"]
     out["us_ratio"] = out["cluster_us"] / out["one_us"]
     for row in cap["rows"]:

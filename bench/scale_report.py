@@ -63,7 +63,9 @@ def plot_throughput(r: ScaleResult, path: Path) -> None:
     plt = _pyplot()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for t, marker, color in ((r.one, "o", "C0"), (r.cluster, "s", "C1")):
+    styles = {r.one.topology.label: ("o", "C0"), r.cluster.topology.label: ("s", "C1")}
+    for t in r.loaded:
+        marker, color = styles.get(t.topology.label, ("^", "C2"))
         procs = [x.processes for x in t.runs]
         label = t.topology.label
         ax1.plot(procs, [x.msgs_per_s for x in t.runs], marker=marker, color=color, label=label)
@@ -210,6 +212,7 @@ def _memory_tables(r: ScaleResult) -> list[str]:
     rows = []
     for t in (r.one, r.cluster):
         m = t.memory
+        assert m is not None
         rows.append(
             [
                 t.topology.label,
@@ -221,6 +224,7 @@ def _memory_tables(r: ScaleResult) -> list[str]:
             ]
         )
     m = r.cluster.memory
+    assert m is not None
     lines = _table(head, rows)
     lines += [
         "",
@@ -245,7 +249,7 @@ def _load_tables(r: ScaleResult) -> list[str]:
     head = ["topology", "processes", "msg/s", "cmds/msg", "exec µs/msg", "CPU µs/msg"]
     head += ["replica CPU µs/msg", "client CPU µs/msg", "shard CPU use", "redirects"]
     rows = []
-    for t in (r.one, r.cluster):
+    for t in r.loaded:
         for x in t.runs:
             use = " / ".join(f"{u:.2f}" for u in x.utilisation())
             rows.append(
@@ -301,30 +305,46 @@ def _load_tables(r: ScaleResult) -> list[str]:
 
 
 def _by_name(r: ScaleResult) -> list[str]:
-    """Commands per message by name, one server beside the Cluster (the most processes)."""
-    one, cl = r.one.runs[-1], r.cluster.runs[-1]
-    names = sorted(set(one.calls) | set(cl.calls), key=lambda n: -cl.calls.get(n, 0))
+    """Commands per message by name on each topology (the most processes)."""
+    last = [t.runs[-1] for t in r.loaded]
+    names = sorted({n for x in last for n in x.calls}, key=lambda n: -last[-1].calls.get(n, 0))
     rows = []
     for name in names:
-        a, b = one.calls.get(name, 0) / one.messages, cl.calls.get(name, 0) / cl.messages
-        if max(a, b) >= 0.005:
-            rows.append([f"`{name}`", f"{a:.2f}", f"{b:.2f}", f"{b - a:+.2f}"])
-    idle = " / ".join(f"{u:.3f}" for u in cl.shard_idle_cpu)
+        per = [x.calls.get(name, 0) / x.messages for x in last]
+        if max(per) >= 0.005:
+            rows.append([f"`{name}`", *(f"{v:.2f}" for v in per)])
+    idle = "; ".join(
+        f"{t.topology.label}: " + " / ".join(f"{u:.3f}" for u in t.runs[-1].shard_idle_cpu)
+        for t in r.loaded
+    )
     return [
         "Server commands per message by name (those scripts run included), "
-        f"{one.processes} processes:",
+        f"{last[-1].processes} processes:",
         "",
-        *_table(["command", r.one.topology.label, r.cluster.topology.label, "difference"], rows),
+        *_table(["command", *(t.topology.label for t in r.loaded)], rows),
         "",
-        "CPU µs per message leave out what each server spends with the fleet joined and "
-        f"silent, measured just before each run (Cluster primaries: {idle} of a core; "
-        f"{r.one.topology.label}: {one.shard_idle_cpu[0]:.3f}).",
+        "CPU µs per message leave out what each primary spends with the fleet joined and "
+        f"silent, measured just before each run ({idle} of a core).",
+    ]
+
+
+def _scale_line(r: ScaleResult) -> list[str]:
+    if r.single is None:
+        return []
+    one, three = r.single, r.cluster
+    return [
+        f"- **Adding shards adds no work per message**: {_n(three.per_msg('cpu_us_per_msg'))} "
+        f"µs of primary CPU and {three.per_msg('commands_per_msg'):.1f} commands per message on "
+        f"3 shards, {_n(one.per_msg('cpu_us_per_msg'))} µs and "
+        f"{one.per_msg('commands_per_msg'):.1f} on a 1-shard Cluster with the same client path "
+        "(medians over the process counts)."
     ]
 
 
 def _capacity_tables(r: ScaleResult) -> list[str]:
     cap = r.capacity
     m = r.cluster.memory
+    assert m is not None
     lines = [
         f"- **Messages/s per shard core: {_n(cap['msgs_per_core'])}** (1 s / "
         f"{_n(cap['cpu_us_per_msg'])} µs of a primary's main-thread CPU per message: send + "
@@ -341,6 +361,7 @@ def _capacity_tables(r: ScaleResult) -> list[str]:
         "redis-py's Cluster client sends to one node, the only spot hotter than the rest "
         "(shard 0's commands per message above). The last column of the table below is the "
         "fleet's need if a Cluster client reached each shard as a client reaches one server.",
+        *_scale_line(r),
         f"- **Where one shard saturates**: traffic spread evenly over channels loads each shard "
         f"by its share of channels; the busiest of the 3 holds {cap['channel_spread']:.2f}x the "
         f"mean, so this Cluster's busiest primary reaches one core at "
