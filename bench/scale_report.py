@@ -96,7 +96,8 @@ def plot_throughput(r: ScaleResult, path: Path) -> None:
     for ax in (ax1, ax2):
         ax.set_xticks(list(s.processes))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="upper left")
+    ax2.legend(fontsize=7, loc="lower left")  # the lines run above 100 µs
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
