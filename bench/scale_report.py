@@ -62,7 +62,7 @@ def _pyplot() -> Any:
 def plot_throughput(r: ScaleResult, path: Path) -> None:
     plt = _pyplot()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 5.2))
     styles = {r.one.topology.label: ("o", "C0"), r.cluster.topology.label: ("s", "C1")}
     for t in r.loaded:
         marker, color = styles.get(t.topology.label, ("^", "C2"))
@@ -97,7 +97,7 @@ def plot_throughput(r: ScaleResult, path: Path) -> None:
         ax.set_xticks(list(s.processes))
         ax.grid(alpha=0.3)
     ax1.legend(fontsize=8, loc="upper left")
-    ax2.legend(fontsize=7, loc="lower left")  # the lines run above 100 µs
+    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
