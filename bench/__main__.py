@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench import cases, report
-from bench.common import Ctx, Mode
+from bench import cases, report, scale_report
+from bench.common import QUANTILES, Ctx, Mode
 from bench.figures import BY_NAME, FIGURES, Figure, Measure
 from bench.report import FigureResult, Side
 from bench.server import Server, bench_server, reset
@@ -98,9 +98,12 @@ def measure(side: Side, fn: Measure, ctx: Ctx, server: Server) -> str | None:
     """Run one measurement into ``side``; return an 'unavailable' reason if the core lacks it."""
     if side.error:
         return None
+    QUANTILES.clear()
     try:
         with watchdog(WATCHDOG_S):
             side.runs.append(fn(ctx))
+        if QUANTILES:
+            side.quantiles.append(dict(QUANTILES))
     except cases.Unavailable as exc:
         return str(exc)
     except Exception as exc:
@@ -220,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     report.print_table(results, machine, console)
     report.write(results, machine, config, args.json, args.md)
     console.print(f"wrote {_shown(args.json)} and {_shown(args.md)}")
+    for path in scale_report.write(results, machine, args.md):
+        console.print(f"wrote {_shown(path)}")
     return 1 if any(r.status == "error" for r in results) else 0
 
 

@@ -97,9 +97,26 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(ordered[rank - 1])
 
 
+#: The latency distributions of the measurement running now, by metric prefix: each
+#: :func:`latency_metrics` call keeps its samples' quantiles here and the runner moves them
+#: into the results (``quantiles_us``), where the plots read them.
+QUANTILES: dict[str, list[float]] = {}
+QUANTILE_POINTS = 201
+
+
+def quantiles(values: Sequence[float], points: int = QUANTILE_POINTS) -> list[float]:
+    """``points`` evenly spaced order statistics, minimum to maximum (a CDF's outline)."""
+    ordered = sorted(values)
+    if not ordered:
+        return []
+    last = len(ordered) - 1
+    return [round(ordered[round(i * last / (points - 1))], 2) for i in range(points)]
+
+
 def latency_metrics(samples_ns: Sequence[int], prefix: str = "") -> Metrics:
     """p50/p99/mean in microseconds of nanosecond samples."""
     us = [s / 1000 for s in samples_ns]
+    QUANTILES[prefix] = quantiles(us)
     return {
         f"{prefix}p50_us": percentile(us, 50),
         f"{prefix}p99_us": percentile(us, 99),

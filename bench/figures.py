@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from bench import baselines as b
 from bench import cases as c
+from bench import scale
 from bench.common import Ctx, Metrics
 from bench.otel import isolated
 from bench.report import Metric, Target
@@ -211,6 +212,55 @@ FIGURES += (
             Target("missed", "max", 0, "none"),
         ),
         note=OTEL_NOTE,
+    ),
+)
+
+# The scale-out model (bench/scale.py): its own Cluster, one round; details in bench/SCALE.md.
+FIGURES += (
+    Figure(
+        "scale",
+        "scale-out: 10,000 agents over 1,000 channels, one server vs a 3-shard Cluster",
+        scale.run,
+        (
+            Metric("one_cmds", "commands per message, one server", "", False, False),
+            Metric("cluster_cmds", "commands per message, Cluster", "", False, False),
+            Metric("cmds_ratio", "commands per message, Cluster / one server", "", False, False),
+            Metric("one_us", "execution µs per message, one server", "µs", False, False),
+            Metric("cluster_us", "execution µs per message, Cluster", "µs", False, False),
+            Metric("us_ratio", "execution µs per message, Cluster / one server", "", False, False),
+            Metric("one_cpu_us", "server CPU µs per message, one server", "µs", False, False),
+            Metric("cluster_cpu_us", "server CPU µs per message, Cluster", "µs", False, False),
+            Metric(
+                "single_cpu_us", "server CPU µs per message, 1-shard Cluster", "µs", False, False
+            ),
+            Metric("scale_cpu_ratio", "server CPU µs per message, 3 shards / 1", "", False, False),
+            Metric("one_rate", "throughput, one server (best of 1-4 processes)", "msg/s"),
+            Metric("cluster_rate", "throughput, Cluster (best of 1-4 processes)", "msg/s"),
+            Metric("spread", "channels on the busiest shard / mean", "", False, False),
+            Metric("msg_spread", "messages on the busiest shard / mean", "", False, False),
+            Metric("redirects", "MOVED/ASK/CROSSSLOT replies", "", False, False),
+            Metric("split", "channels with keys off their slot", "", False, False),
+            Metric("per_core", "messages/s per shard core (server CPU)", "msg/s", ratio=False),
+            Metric("one_per_core", "messages/s per core, one server", "msg/s", ratio=False),
+            Metric("saturates_at", "busiest of 3 shards saturates at", "msg/s", ratio=False),
+            Metric("bytes_agent", "bytes per idle agent", "B", False, False),
+            Metric("bytes_channel", "bytes per channel", "B", False, False),
+            Metric("bytes_msg", "bytes per message in flight", "B", False, False),
+            Metric("agents_per_gib", "idle agents per GiB", "", ratio=False),
+            Metric("shards_10000", "shards for 100k agents at 10k msg/s", "", False, False),
+            Metric("shards_100000", "shards for 100k agents at 100k msg/s", "", False, False),
+        ),
+        targets=(
+            Target("cmds_ratio", "max", 1.01, "same as one server (±1%)"),
+            Target("us_ratio", "max", 1.15, "≤ 1.15x one server"),
+            Target("scale_cpu_ratio", "max", 1.15, "≤ 1.15x one shard"),
+            Target("spread", "max", 1.15, "≤ 1.15x the mean"),
+            Target("redirects", "max", 0, "none"),
+            Target("split", "max", 0, "none"),
+        ),
+        max_rounds=1,
+        note="bench/SCALE.md has the per-operation, per-shard and capacity tables; client "
+        "processes and every redis-server share this machine's cores",
     ),
 )
 

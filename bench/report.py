@@ -47,6 +47,8 @@ class Side:
     label: str
     runs: list[Metrics] = field(default_factory=list)
     error: str | None = None
+    #: Per run, the latency quantiles it recorded (``bench.common.QUANTILES``), for plots.
+    quantiles: list[dict[str, list[float]]] = field(default_factory=list)
 
     def median(self, key: str) -> float:
         return median(run[key] for run in self.runs if key in run)
@@ -63,6 +65,7 @@ class Side:
             "runs": self.runs,
             "median": self.medians(),
             "error": self.error,
+            "quantiles_us": self.quantiles,
         }
 
 

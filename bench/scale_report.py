@@ -1,0 +1,460 @@
+"""After a ``python -m bench`` run: ``SCALE.md`` from the ``scale`` figure, and the plots
+(matplotlib PNGs in ``plots/`` beside the markdown): throughput against client processes for
+one server and the Cluster, and the wake-up latency distributions every wake-up figure of the
+run recorded (``quantiles_us``), each face beside raw Redis. RESULTS.md gets links to them."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.report import FigureResult
+from bench.scale import HEADROOM, IN_FLIGHT_S, LAST, SHARD_GIB, ScaleResult, TopologyResult
+
+PLOTS = "plots"
+THROUGHPUT_PNG = "scale-throughput.png"
+WAKEUP_PNG = "wakeup-latency.png"
+
+
+def write(figures: list[FigureResult], machine: dict[str, Any], md_path: Path) -> list[Path]:
+    """Write what this run has data for; return the paths written."""
+    out_dir = md_path.parent
+    written: list[Path] = []
+    links: list[str] = []
+    ran_scale = any(f.name == "scale" and not f.subject.error for f in figures)
+    if ran_scale and LAST:
+        png = out_dir / PLOTS / THROUGHPUT_PNG
+        plot_throughput(LAST[0], png)
+        scale_md = out_dir / "SCALE.md"
+        scale_md.write_text(markdown(LAST[0], machine))
+        written += [scale_md, png]
+        links.append(
+            "- The scale-out model (figure `scale`): `bench/SCALE.md`, "
+            f"`bench/{PLOTS}/{THROUGHPUT_PNG}`"
+        )
+    series = wakeup_series(figures)
+    if series:
+        png = out_dir / PLOTS / WAKEUP_PNG
+        plot_wakeups(series, png)
+        written.append(png)
+        links.append(f"- Wake-up latency distributions: `bench/{PLOTS}/{WAKEUP_PNG}`")
+    if links:
+        # paths, not links: docs/benchmarks.md includes this file, from another directory
+        with md_path.open("a") as f:
+            f.write("\n" + "\n".join(["See also:", "", *links]) + "\n")
+    return written
+
+
+# --- plots --------------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(r: ScaleResult, path: Path) -> None:
+    plt = _pyplot()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 5.2))
+    styles = {r.one.topology.label: ("o", "C0"), r.cluster.topology.label: ("s", "C1")}
+    for t in r.loaded:
+        marker, color = styles.get(t.topology.label, ("^", "C2"))
+        procs = [x.processes for x in t.runs]
+        label = t.topology.label
+        ax1.plot(procs, [x.msgs_per_s for x in t.runs], marker=marker, color=color, label=label)
+        ax2.plot(
+            procs,
+            [x.cpu_us_per_msg for x in t.runs],
+            marker=marker,
+            color=color,
+            label=f"{label}: main-thread CPU",
+        )
+        ax2.plot(
+            procs,
+            [x.usec_per_msg for x in t.runs],
+            marker=marker,
+            color=color,
+            linestyle="--",
+            label=f"{label}: command execution",
+        )
+    s = r.sizes
+    ax1.set_title(f"send + wait + mark_done, {s.channels * s.agents:,} agents")
+    ax1.set_xlabel("client processes (sharing the machine's cores with the servers)")
+    ax1.set_ylabel("messages/s")
+    ax1.set_ylim(bottom=0)
+    ax2.set_title("server µs per message, all primaries")
+    ax2.set_xlabel("client processes")
+    ax2.set_ylabel("µs per message")
+    ax2.set_ylim(bottom=0)
+    for ax in (ax1, ax2):
+        ax.set_xticks(list(s.processes))
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8, loc="upper left")
+    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def wakeup_series(figures: list[FigureResult]) -> list[tuple[str, list[float]]]:
+    """(label, pooled quantiles in µs) of every side of every wake-up figure that recorded
+    its distribution (the signing and tracing variants left out: they compare settings)."""
+    out: list[tuple[str, list[float]]] = []
+    for f in figures:
+        if "wakeup" not in f.name or f.name.startswith(("signing", "otel")):
+            continue
+        for side in (f.baseline, f.subject, *f.refs):
+            if side is None or side.error:
+                continue
+            pooled = sorted(v for run in side.quantiles for v in run.get("", []))
+            if pooled:
+                label = side.label if side is not f.subject else f"redisbus ({f.name})"
+                out.append((label, pooled))
+    return out
+
+
+def plot_wakeups(series: list[tuple[str, list[float]]], path: Path) -> None:
+    plt = _pyplot()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, values in series:
+        n = len(values)
+        ax.plot(values, [(i + 1) / n for i in range(n)], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("send → wake-up latency, µs (sender in another process, 1k msg/s)")
+    ax.set_ylabel("fraction of messages")
+    ax.set_title("wake-up latency distributions, each face beside raw Redis")
+    ax.axhline(0.5, color="grey", linewidth=0.5)
+    ax.axhline(0.99, color="grey", linewidth=0.5)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- SCALE.md -----------------------------------------------------------------------------------
+
+
+def _n(v: float, digits: int = 1) -> str:
+    if math.isnan(v):
+        return "—"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return [
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def _ops_tables(r: ScaleResult) -> list[str]:
+    sync = [o for t in (r.one, r.cluster) for o in t.ops if o.face == "sync"]
+    ops = list(dict.fromkeys(o.op for o in sync))
+    shards = len(r.cluster.topology.primaries)
+    head = ["operation", "sent", "one server: cmds / µs"]
+    head += [f"Cluster shard {i}: cmds / µs" for i in range(shards)]
+    rows = []
+    for op in ops:
+        mine = [o for o in sync if o.op == op]
+        one = next(o for o in mine if o.topology == r.one.topology.label)
+        row = [op, one.sent, f"{one.commands:.1f} / {one.server_us:.1f}"]
+        for i in range(shards):
+            c = next(o for o in mine if o.topology != one.topology and o.shard == i)
+            more = f" (+{c.elsewhere:.1f} elsewhere)" if c.elsewhere else ""
+            row.append(f"{c.commands:.1f}{more} / {c.server_us:.1f}")
+        rows.append(row)
+    lines = _table(head, rows)
+    diff = max(
+        abs(a.commands + a.elsewhere - b.commands - b.elsewhere)
+        for t in (r.one, r.cluster)
+        for a in t.ops
+        for b in t.ops
+        if a.face == "sync" and b.face == "async" and a.op == b.op and a.shard == b.shard
+    )
+    lines += [
+        "",
+        f"The async face sends the same commands (largest difference in server commands per "
+        f"call between the faces: {diff:.1f}).",
+        "",
+        "Client cost per call, by face (one server / Cluster, shard 0): wall p50 µs and the "
+        "calling process's CPU µs.",
+        "",
+    ]
+    head = ["operation", "sync wall", "sync CPU", "async wall", "async CPU"]
+    rows = []
+    for op in ops:
+        cells = [op]
+        for face in ("sync", "async"):
+            w, c = [], []
+            for t in (r.one, r.cluster):
+                o = next(o for o in t.ops if o.op == op and o.face == face and o.shard == 0)
+                w.append(_n(o.wall_us))
+                c.append(_n(o.client_cpu_us))
+            cells += [" / ".join(w), " / ".join(c)]
+        rows.append(cells)
+    return lines + _table(head, rows)
+
+
+def _memory_tables(r: ScaleResult) -> list[str]:
+    head = ["", "per channel", "per idle agent", "per message in flight", "left per agent"]
+    head += ["beat µs (exec / CPU)"]
+    rows = []
+    for t in (r.one, r.cluster):
+        m = t.memory
+        assert m is not None
+        rows.append(
+            [
+                t.topology.label,
+                f"{_n(m.bytes_per_channel)} B ({_n(m.usage_per_channel)})",
+                f"{_n(m.bytes_per_agent)} B ({_n(m.usage_per_agent)})",
+                f"{_n(m.bytes_per_message)} B ({_n(m.usage_per_message)})",
+                f"{_n(m.residual_per_agent)} B",
+                f"{_n(m.beat_us)} / {_n(m.beat_cpu_us)}",
+            ]
+        )
+    m = r.cluster.memory
+    assert m is not None
+    lines = _table(head, rows)
+    lines += [
+        "",
+        f"{m.channels:,} channels of {m.agents // m.channels} agents: `used_memory` summed over "
+        "the primaries as the channels are created, the agents join (and beat once), each agent "
+        "is sent one message, and all are done and swept ('left per agent'); in brackets, "
+        "`MEMORY USAGE` summed over the channels' keys (the values without the allocator's "
+        "and the keyspace's overhead). A beat is one "
+        f"script call per channel per `heartbeat_s` ({m.beats:,} in the idle window). One "
+        "channel's keys (`MEMORY USAGE`, Cluster), idle and with one message in flight per agent:",
+        "",
+    ]
+    keys = list(dict.fromkeys([*m.key_bytes_loaded, *m.key_bytes_idle]))
+    rows = [
+        [f"`{k}`", f"{m.key_bytes_idle.get(k, 0):,}", f"{m.key_bytes_loaded.get(k, 0):,}"]
+        for k in keys
+    ]
+    return lines + _table(["key", "idle B", "loaded B"], rows)
+
+
+def _load_tables(r: ScaleResult) -> list[str]:
+    head = ["topology", "processes", "msg/s", "cmds/msg", "exec µs/msg", "CPU µs/msg"]
+    head += ["replica CPU µs/msg", "client CPU µs/msg", "shard CPU use", "redirects"]
+    rows = []
+    for t in r.loaded:
+        for x in t.runs:
+            use = " / ".join(f"{u:.2f}" for u in x.utilisation())
+            rows.append(
+                [
+                    t.topology.label,
+                    str(x.processes),
+                    _n(x.msgs_per_s),
+                    f"{x.commands_per_msg:.2f}",
+                    _n(x.usec_per_msg),
+                    _n(x.cpu_us_per_msg),
+                    _n(x.replica_cpu_s * 1e6 / x.messages),
+                    _n(x.client_cpu_us_per_msg),
+                    use,
+                    str(x.redirects),
+                ]
+            )
+    lines = _table(head, rows)
+    lines += ["", *_by_name(r)]
+    c: TopologyResult = r.cluster
+    head = ["shard", "slots", "channels", "keys"]
+    head += [f"messages, {x.processes} proc" for x in c.runs]
+    head += ["cmds/msg", "exec µs/msg", "CPU µs/msg"]
+    rows = []
+    last = c.runs[-1]
+    for i, (lo, hi) in enumerate(c.topology.ranges):
+        msgs = last.shard_messages[i] or 1
+        rows.append(
+            [
+                str(i),
+                f"{lo}-{hi}",
+                str(last.shard_channels[i]),
+                f"{c.layout.per_shard_keys[i]:,}",
+                *(f"{x.shard_messages[i]:,}" for x in c.runs),
+                f"{last.shard_commands[i] / msgs:.2f}",
+                _n(last.shard_usec[i] / msgs),
+                _n(last.shard_cpu_s[i] * 1e6 / msgs),
+            ]
+        )
+    lay = c.layout
+    lines += [
+        "",
+        f"Per shard, Cluster (per-message columns at {last.processes} processes):",
+        "",
+        *_table(head, rows),
+        "",
+        f"Key layout after the run: {lay.channels:,} channels, {lay.keys:,} keys; channels with "
+        f"keys in more than one slot: {len(lay.split)}; keys on a primary that does not serve "
+        f"their slot: {lay.misplaced}. The one key outside every channel's slot is the bus's "
+        f"set of channel names (on shard {lay.registry_shard}), written when a channel is "
+        "created, never per message.",
+    ]
+    return lines
+
+
+def _by_name(r: ScaleResult) -> list[str]:
+    """Commands per message by name on each topology (the most processes)."""
+    last = [t.runs[-1] for t in r.loaded]
+    names = sorted({n for x in last for n in x.calls}, key=lambda n: -last[-1].calls.get(n, 0))
+    rows = []
+    for name in names:
+        per = [x.calls.get(name, 0) / x.messages for x in last]
+        if max(per) >= 0.005:
+            rows.append([f"`{name}`", *(f"{v:.2f}" for v in per)])
+    idle = "; ".join(
+        f"{t.topology.label}: " + " / ".join(f"{u:.3f}" for u in t.runs[-1].shard_idle_cpu)
+        for t in r.loaded
+    )
+    return [
+        "Server commands per message by name (those scripts run included), "
+        f"{last[-1].processes} processes:",
+        "",
+        *_table(["command", *(t.topology.label for t in r.loaded)], rows),
+        "",
+        "CPU µs per message leave out what each primary spends with the fleet joined and "
+        f"silent, measured just before each run ({idle} of a core).",
+    ]
+
+
+def _scale_line(r: ScaleResult) -> list[str]:
+    if r.single is None:
+        return []
+    one, three = r.single, r.cluster
+    o1, on = r.one.runs[0], r.one.runs[-1]
+    pairs = "; ".join(
+        f"{t.topology.label}, {x.processes} proc: {_n(x.msgs_per_s / len(x.shard_messages))} "
+        f"msg/s per shard, {_n(x.cpu_us_per_msg)} µs"
+        for t in (one, three)
+        for x in t.runs
+    )
+    return [
+        f"- **Adding shards adds no commands per message**: "
+        f"{three.per_msg('commands_per_msg'):.1f} on 3 shards, "
+        f"{one.per_msg('commands_per_msg'):.1f} on a 1-shard Cluster with the same client path "
+        f"(medians over the process counts); CPU per message {_n(three.per_msg('cpu_us_per_msg'))}"
+        f" and {_n(one.per_msg('cpu_us_per_msg'))} µs.",
+        "- **A busier server spends less CPU per message**: one server's fell from "
+        f"{_n(o1.cpu_us_per_msg)} µs at {o1.processes} process to {_n(on.cpu_us_per_msg)} at "
+        f"{on.processes}, as more requests share each pass of its event loop. Compare shards at "
+        f"the same load per shard, not at the same process count ({pairs}). The Cluster's "
+        "shards ran far from a full core here, so their CPU per message is high and the "
+        "capacity per core here is a floor.",
+    ]
+
+
+def _capacity_tables(r: ScaleResult) -> list[str]:
+    cap = r.capacity
+    m = r.cluster.memory
+    assert m is not None
+    lines = [
+        f"- **Messages/s per shard core: {_n(cap['msgs_per_core'])}** (1 s / "
+        f"{_n(cap['cpu_us_per_msg'])} µs of a primary's main-thread CPU per message: send + "
+        f"wake-up + mark_done, with reading, parsing and replying); "
+        f"{_n(cap['msgs_per_core_exec'])} counting command execution alone "
+        f"({_n(cap['exec_us_per_msg'])} µs, `commandstats`), an upper bound. Each replica "
+        f"spends {_n(cap['replica_cpu_us_per_msg'])} µs per message applying the writes.",
+        f"- **On one server a message costs {_n(cap['one_cpu_us_per_msg'])} µs of CPU "
+        f"({_n(cap['msgs_per_core_one_path'])} msg/s per core).** The scripts and the data "
+        "commands of a message are the same on both (the table of commands by name); the "
+        "difference is the Cluster client's path: every call its own round trip (no "
+        "pipeline: the wake-up's settle, XREADGROUP, settle and clock are four), the clock "
+        "read with an `EVAL`, and a `COMMAND GETKEYS` for each XREADGROUP and EVAL, which "
+        "redis-py's Cluster client sends to one node, the only spot hotter than the rest "
+        "(shard 0's commands per message above). The last column of the table below is the "
+        "fleet's need if a Cluster client reached each shard as a client reaches one server.",
+        *_scale_line(r),
+        f"- **Where one shard saturates**: traffic spread evenly over channels loads each shard "
+        f"by its share of channels; the busiest of the 3 holds {cap['channel_spread']:.2f}x the "
+        f"mean, so this Cluster's busiest primary reaches one core at "
+        f"{_n(cap['saturates_at'])} msg/s (3 x {_n(cap['msgs_per_core'])} / "
+        f"{cap['channel_spread']:.2f}). The load runs above used at most "
+        f"{max(max(x.utilisation()) for x in r.cluster.runs):.2f} of a core on any primary: "
+        "the clients, sharing the cores, ran out first.",
+        f"- **Memory**: {_n(m.bytes_per_agent)} B per idle agent, {_n(m.bytes_per_channel)} B "
+        f"per channel, {_n(m.bytes_per_message)} B per message in flight: "
+        f"{_n(cap['agents_per_gib'])} idle agents per GiB in channels of {r.sizes.agents} "
+        f"({_n(cap['agents_per_gib_in_flight'])} with one message in flight each). Replicas "
+        "hold the same again.",
+        f"- **Heartbeats**: {cap['fleet_channels']:,} channels beating every 5 s cost "
+        f"{cap['beat_cores_100k']:.3f} cores in all (one script call per channel and process "
+        "per period: a channel whose agents live in k processes costs k times that).",
+        "",
+        f"Shards for a fleet of 100,000 agents in channels of {r.sizes.agents}, each primary "
+        f"planned at ≤ {HEADROOM:.0%} of a core with the measured channel spread, and "
+        f"≤ {SHARD_GIB} GiB; messages in flight = rate x {IN_FLIGHT_S:g} s (send to done):",
+        "",
+    ]
+    rows = [
+        [
+            f"{row['rate']:,}",
+            f"{row['cores']:.2f}",
+            str(row["by_cpu"]),
+            f"{row['gib']:.2f}",
+            str(row["by_mem"]),
+            f"**{row['shards']}**",
+            str(row["shards_one_path"]),
+        ]
+        for row in cap["rows"]
+    ]
+    head = ["msg/s", "primary cores", "shards by CPU", "GiB (primaries)", "shards by memory"]
+    head += ["shards", "shards at one server's cost per message"]
+    return lines + _table(head, rows)
+
+
+def markdown(r: ScaleResult, machine: dict[str, Any]) -> str:
+    s = r.sizes
+    lines = [
+        "# Scale-out model, measured",
+        "",
+        f"`python -m bench --only scale` (or `make bench`) — {report.now_iso()}. Machine: "
+        f"{report.machine_line(machine)}. Cluster: 3 primaries with one replica each, "
+        f"redis-server {r.cluster_version}, persistence off, on this machine.",
+        "",
+        f"**This machine has {machine.get('cores')} cores, shared by the client processes, the "
+        "one server and the six Cluster nodes.** Wall throughput shows how fast the clients "
+        "went, not what a shard can do; per-core figures come from the server time each message "
+        "cost (`INFO cpu` of each primary's main thread, and `INFO commandstats` execution µs).",
+        "",
+        "## Cost per operation, per shard",
+        "",
+        "Server commands (those scripts run included) and execution µs of the commands sent, "
+        "per call, on the primary serving the channel (a channel of 2, and a channel of "
+        f"{s.agents} for the broadcast):",
+        "",
+        *_ops_tables(r),
+        "",
+        "## Memory and heartbeats",
+        "",
+        *_memory_tables(r),
+        "",
+        "## The fleet under load",
+        "",
+        f"{s.channels * s.agents:,} agents over {s.channels:,} channels, split over N client "
+        f"processes (sync `Bus`); for {s.duration_s:g} s each process walks its channels: one "
+        "agent sends to the next, which takes it with `wait()` and marks it done. Per message: "
+        "server figures summed over the primaries; 'shard CPU use' is each primary's "
+        "main-thread CPU seconds per second.",
+        "",
+        *_load_tables(r),
+        "",
+        "## Capacity",
+        "",
+        *_capacity_tables(r),
+        "",
+        f"![throughput against client processes]({PLOTS}/{THROUGHPUT_PNG})",
+        "",
+    ]
+    return "\n".join(lines)
