@@ -94,22 +94,15 @@ class IO:
     async def scripts(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
     ) -> builtins.list[Any]:
-        """Several idempotent script calls: one round trip on a standalone server."""
-        if self.cluster or len(calls) == 1:
+        """Several idempotent script calls: one round trip on a standalone server (on a fetch
+        lane: mark_done(), read marks and the like are a wake-up's bookkeeping)."""
+        if self.cluster or (len(calls) == 1 and self.fetch_lanes is None):
             return [await self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
-            shas = [await self.load(n) for n, _, _ in calls]
-
-            async def run(
-                shas: list[str] = shas,
-            ) -> Any:  # execute() spends a pipeline: one per try
-                pipe = self.r.pipeline(transaction=False)
-                for sha, (_, k, a) in zip(shas, calls, strict=True):
-                    pipe.evalsha(sha, len(k), *k, *a)
-                return await pipe.execute()
-
+            commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
             try:
-                return list(await self.call(run))
+                # on a fetch lane when there are any (the wake-up's mark_done is one of these)
+                return list(await self.call(self._on_lane, commands))
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
