@@ -391,19 +391,22 @@ async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
 
         pool.get_connection = counted
         send_conn = bus._io.lane.conn
-        # when: it waits again and again, the message sent while it blocks
+        # when: it waits again and again, the message sent while it blocks, and marks each done
         got = []
         for i in range(20):
             waiting = asyncio.ensure_future(b.wait(timeout=2))
             await asyncio.sleep(0.01)
             await a.send("b", f"m{i}")
-            got += [m.body for m in (await waiting).messages]
-        # then: every wake-up came on the fetch lane it held (no connection from the pool),
-        # beside the sends' lane, and returned each message once
+            msgs = (await waiting).messages
+            assert await b.mark_done(msgs)
+            got += [m.body for m in msgs]
+        # then: every wake-up and mark_done came on the fetch lane it held (no connection from
+        # the pool), beside the sends' lane, and returned each message once
         assert got == [f"m{i}" for i in range(20)]
         assert checkouts == 0
         assert bus._io.lane.conn is send_conn
         assert len(bus._io.fetch_lanes) == 1
+        assert (await b.receipt(msgs[0]))[0].status == "done"
 
 
 async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> None:
