@@ -20,7 +20,7 @@ from ._settings import BusSettings
 __all__ = ["IO"]
 
 #: Idle fetch lanes an async bus keeps (each holds a connection); a fetch that finds none
-#: idle opens another, closed after it when this many are idle already.
+#: idle takes another connection from the pool, handed back after it when this many are idle.
 FETCH_LANES = 8
 
 
@@ -246,8 +246,9 @@ class IO:
         """Raw commands in one round trip on a fetch lane (a held connection, written to and
         read from directly, as the sync face's lane; ``redis.asyncio``'s pipeline costs more
         in Python than the wake-up costs the server), else a redis-py pipeline (spent on each
-        try). The first error reply raises. Up to ``FETCH_LANES`` idle lanes are kept; a
-        lane that failed dropped its connection and opens a fresh one when next used."""
+        try). The first error reply raises. Up to ``FETCH_LANES`` idle lanes are kept; the
+        connections of the others go back to the pool (every reply read: in step), and a lane
+        that failed dropped its connection and opens a fresh one when next used."""
         lanes = self.fetch_lanes
         if lanes is None:
             pipe = self.r.pipeline(transaction=False)
@@ -261,8 +262,10 @@ class IO:
             finally:
                 if self.fetch_lanes is lanes and len(lanes) < FETCH_LANES:
                     lanes.append(lane)
-                else:
-                    await lane.close()
+                else:  # its connection goes back to the pool, open and in step, for reuse
+                    conn, lane.conn, lane.reader = lane.conn, None, None
+                    if conn is not None:
+                        await lane.pool.release(conn)
         for reply in out:
             if isinstance(reply, rx.ResponseError):
                 raise reply

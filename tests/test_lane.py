@@ -426,9 +426,16 @@ async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> N
         # then: each woke with its own, and only FETCH_LANES lanes (connections) stay held
         assert [[m.body for m in r.messages] for r in results] == [[f"to {w.name}"] for w in agents]
         assert len(bus._io.fetch_lanes) == FETCH_LANES
+        # and the connections of the others went back to the pool, open, for the next waits
         r = redis.Redis(port=redis7.port)
-        clients = [c for c in r.client_list() if c.get("cmd") == "xreadgroup"]
-        assert len(clients) <= FETCH_LANES
+        before = r.info("stats")["total_connections_received"]
+        waits = [asyncio.ensure_future(w.wait(timeout=5)) for w in agents]
+        await asyncio.sleep(0.2)
+        for w in agents:
+            await a.send(w.name, "again")
+        results = await asyncio.gather(*waits)
+        assert [[m.body for m in r.messages] for r in results] == [["again"]] * len(agents)
+        assert r.info("stats")["total_connections_received"] == before
 
 
 async def test_async_cancelled_and_killed_waits_leave_the_next_in_step(redis7: Server) -> None:
