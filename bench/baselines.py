@@ -253,6 +253,49 @@ def raw_xreadgroup_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
     return wakeup_metrics(lat, n)
 
 
+def raw_async_xreadgroup_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
+    """:func:`raw_xreadgroup_wakeup` with a ``redis.asyncio`` receiver: the sender process
+    paces ``XADD`` at ``rate``/s (the same sender); an event loop awaits ``XREADGROUP BLOCK``
+    then ``XACK``, as an async consumer on raw Redis would."""
+    n = wakeup_count(ctx)
+    stream = ctx.name("awake")
+    setup = ctx.client()
+    setup.xgroup_create(stream, GROUP, id="$", mkstream=True)
+    setup.close()
+    spawn = mp.get_context("spawn")
+    ready, go = spawn.Event(), spawn.Event()
+    proc = spawn.Process(target=_raw_sender, args=(ctx.url, stream, n, rate, ready, go))
+    proc.start()
+    lat: list[int] = []
+
+    async def run() -> None:
+        r = aredis.Redis.from_url(ctx.url)
+        try:
+            await r.ping()
+            settle_heap()
+            go.set()
+            for _ in receive_until_quiet(proc, n, lambda: len(lat)):
+                resp: Any = await r.xreadgroup(GROUP, "c1", {stream: ">"}, count=100, block=500)
+                now = time.time_ns()
+                entries: list[Entry] = resp[0][1] if resp else []
+                for _id, fields in entries:
+                    lat.append(now - body_ts(fields[b"body"]))
+                if entries:
+                    await r.xack(stream, GROUP, *[entry_id for entry_id, _ in entries])
+        finally:
+            await r.aclose()
+
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("sender process did not start")
+        asyncio.run(run())
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    return wakeup_metrics(lat, n)
+
+
 # --- memory floor: raw entries added, acked and trimmed -----------------------------------
 
 

@@ -217,6 +217,49 @@ def bus_wait_wakeup(
     return wakeup_metrics(lat, n)
 
 
+def bus_async_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
+    """:func:`bus_wait_wakeup` with an ``AsyncBus`` receiver: the same sender process (a
+    sync ``Bus``, so only the receiving face differs); an event loop awaits ``wait()`` then
+    ``mark_done()``."""
+    n = wakeup_count(ctx)
+    name = ctx.name("awake")
+    spawn = mp.get_context("spawn")
+    ready, go = spawn.Event(), spawn.Event()
+    proc = spawn.Process(target=_bus_sender, args=(ctx.url, name, n, rate, ready, go, None))
+    lat: list[int] = []
+
+    async def run() -> None:
+        bus = await _abus(ctx)
+        try:
+            ch = await maybe_await(bus.channel(name, **LIMITS))
+            receiver = await ch.join("receiver")
+            proc.start()
+            if not ready.wait(30):
+                raise RuntimeError("sender process did not start")
+            settle_heap()
+            go.set()
+            for _ in receive_until_quiet(proc, n, lambda: len(lat)):
+                w = await receiver.wait(timeout=0.5)
+                now = time.time_ns()
+                for m in w.messages:
+                    lat.append(now - body_ts(m.body))
+                if w.messages:
+                    await receiver.mark_done(w.messages)
+        finally:
+            await bus.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        if proc.pid is not None:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    if proc.exitcode not in (0, None):
+        raise RuntimeError(f"sender process exited with {proc.exitcode}")
+    return wakeup_metrics(lat, n)
+
+
 # --- signing: the same send and wake-up, signed ---------------------------------------------
 
 _KEYS: dict[str, dict[str, Any]] = {}

@@ -34,12 +34,14 @@ class Metric:
 
 @dataclass(frozen=True)
 class Target:
-    """``ratio_*`` compares redisbus to the baseline on ``metric``; ``max``/``min`` are absolute."""
+    """``ratio_*`` compares redisbus to the baseline on ``metric`` (to the reference labelled
+    ``ref`` when given); ``max``/``min`` are absolute."""
 
     metric: str
     kind: TargetKind
     value: float
     text: str
+    ref: str = ""
 
 
 @dataclass
@@ -111,10 +113,11 @@ class FigureResult:
             return "info"
         return "met" if all(t.met for t in self.targets) else "not met"
 
-    def ratio(self, key: str) -> float:
-        if self.baseline is None:
+    def ratio(self, key: str, ref: str = "") -> float:
+        against = next((r for r in self.refs if r.label == ref), None) if ref else self.baseline
+        if against is None:
             return math.nan
-        base, sub = self.baseline.median(key), self.subject.median(key)
+        base, sub = against.median(key), self.subject.median(key)
         if math.isnan(base) or math.isnan(sub) or base == 0:
             return math.nan
         return sub / base
@@ -124,7 +127,7 @@ class FigureResult:
 
     def _evaluate(self, t: Target) -> TargetResult:
         if t.kind in ("ratio_min", "ratio_max"):
-            observed = self.ratio(t.metric)
+            observed = self.ratio(t.metric, t.ref)
         else:
             observed = self.subject.median(t.metric)
         if math.isnan(observed):

@@ -19,6 +19,10 @@ from ._settings import BusSettings
 
 __all__ = ["IO"]
 
+#: Idle fetch lanes an async bus keeps (each holds a connection); a fetch that finds none
+#: idle takes another connection from the pool, handed back after it when this many are idle.
+FETCH_LANES = 8
+
 
 class IO:
     """One Redis client, the script SHAs, and the retry/wrap boundary."""
@@ -29,6 +33,9 @@ class IO:
         self.cluster = cluster
         self.sha: dict[str, str] = {}
         self.lane = AsyncLane(client) if not cluster and AsyncLane.usable(client) else None
+        # idle lanes for wait()'s blocking fetches, one taken per fetch (each waiting agent
+        # blocks on a connection of its own; see ``_on_lane``)
+        self.fetch_lanes: builtins.list[AsyncLane] | None = [] if self.lane is not None else None
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
@@ -48,6 +55,9 @@ class IO:
         self.closed = True
         if self.lane is not None:
             await self.lane.close()
+        lanes, self.fetch_lanes = self.fetch_lanes or [], None
+        for lane in lanes:
+            await lane.close()
         await self.r.aclose()
 
     async def call(self, fn: Callable[..., Any], *args: Any, retry: bool = True, **kw: Any) -> Any:
@@ -84,22 +94,15 @@ class IO:
     async def scripts(
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
     ) -> builtins.list[Any]:
-        """Several idempotent script calls: one round trip on a standalone server."""
-        if self.cluster or len(calls) == 1:
+        """Several idempotent script calls: one round trip on a standalone server (on a fetch
+        lane: mark_done(), read marks and the like are a wake-up's bookkeeping)."""
+        if self.cluster or (len(calls) == 1 and self.fetch_lanes is None):
             return [await self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
-            shas = [await self.load(n) for n, _, _ in calls]
-
-            async def run(
-                shas: list[str] = shas,
-            ) -> Any:  # execute() spends a pipeline: one per try
-                pipe = self.r.pipeline(transaction=False)
-                for sha, (_, k, a) in zip(shas, calls, strict=True):
-                    pipe.evalsha(sha, len(k), *k, *a)
-                return await pipe.execute()
-
+            commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
             try:
-                return list(await self.call(run))
+                # on a fetch lane when there are any (the wake-up's mark_done is one of these)
+                return list(await self.call(self._on_lane, commands))
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
@@ -210,22 +213,18 @@ class IO:
                     now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
                 else:
                     sha = await self.load("settle") if settle or post else ""
-
-                    # execute() spends a pipeline: one per try
-                    async def run(sha: str = sha) -> Any:
-                        pipe = self.r.pipeline(transaction=False)
-                        if settle:
-                            pipe.evalsha(sha, 6, *settle_keys, group, *settle)
-                        pipe.xreadgroup(
-                            group, consumer, {keys.stream: cursor}, count=500, block=block_ms
-                        )
-                        if post:  # it replies with the Redis clock too
-                            pipe.evalsha(sha, 6, *settle_keys, *post)
-                        else:
-                            pipe.time()
-                        return await pipe.execute()
-
-                    out = await self.call(run)
+                    commands: builtins.list[tuple[Any, ...]] = []
+                    if settle:
+                        commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
+                    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+                    if block_ms is not None:
+                        read += ("BLOCK", block_ms)
+                    commands.append((*read, "STREAMS", keys.stream, cursor))
+                    if post:  # it replies with the Redis clock too
+                        commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
+                    else:
+                        commands.append(("TIME",))
+                    out = await self.call(self._on_lane, commands)
                     res = out[1 if settle else 0]
                     now = out[-1][1:3] if post else out[-1]
                     if post:
@@ -237,7 +236,37 @@ class IO:
         else:
             raise RedisbusError("could not load scripts")
         now_ms = int(now[0]) * 1000 + int(now[1]) // 1000
-        entries = res[0][1] if res else []
+        entries = stream_entries(res)
         if replayed:  # settle.lua rejected them: never handed over
-            entries = [e for e in entries if e[0] not in set(replayed)]
+            gone = set(replayed)
+            entries = [e for e in entries if e[0] not in gone]
         return entries, now_ms, len(replayed)
+
+    async def _on_lane(self, commands: builtins.list[tuple[Any, ...]]) -> builtins.list[Any]:
+        """Raw commands in one round trip on a fetch lane (a held connection, written to and
+        read from directly, as the sync face's lane; ``redis.asyncio``'s pipeline costs more
+        in Python than the wake-up costs the server), else a redis-py pipeline (spent on each
+        try). The first error reply raises. Up to ``FETCH_LANES`` idle lanes are kept; the
+        connections of the others go back to the pool (every reply read: in step), and a lane
+        that failed dropped its connection and opens a fresh one when next used."""
+        lanes = self.fetch_lanes
+        if lanes is None:
+            pipe = self.r.pipeline(transaction=False)
+            for c in commands:
+                pipe.execute_command(*c)
+            out: builtins.list[Any] = await pipe.execute(raise_on_error=False)
+        else:
+            lane = lanes.pop() if lanes else AsyncLane(self.r)
+            try:
+                out = await lane.run_many(commands)
+            finally:
+                if self.fetch_lanes is lanes and len(lanes) < FETCH_LANES:
+                    lanes.append(lane)
+                else:  # its connection goes back to the pool, open and in step, for reuse
+                    conn, lane.conn, lane.reader = lane.conn, None, None
+                    if conn is not None:
+                        await lane.pool.release(conn)
+        for reply in out:
+            if isinstance(reply, rx.ResponseError):
+                raise reply
+        return out

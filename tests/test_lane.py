@@ -368,3 +368,95 @@ async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server)
         assert [m.body for m in got] == ["hello"]
         assert _scripts_run(r, bus._io.sha) == WAKE_UP
         assert (await b.receipt(got[0]))[0].status == "done"
+
+
+# -- the async face's fetch lanes ---------------------------------------------------------------
+
+
+async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
+    # given: an AsyncBus whose pool counts the connections it hands out
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-wait", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "warm up")
+        await b.mark_done((await b.wait(timeout=1)).messages)
+        pool = bus._io.r.connection_pool
+        checkouts = 0
+        real = pool.get_connection
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            nonlocal checkouts
+            checkouts += 1
+            return await real(*args, **kw)
+
+        pool.get_connection = counted
+        send_conn = bus._io.lane.conn
+        # when: it waits again and again, the message sent while it blocks, and marks each done
+        got = []
+        for i in range(20):
+            waiting = asyncio.ensure_future(b.wait(timeout=2))
+            await asyncio.sleep(0.01)
+            await a.send("b", f"m{i}")
+            msgs = (await waiting).messages
+            assert await b.mark_done(msgs)
+            got += [m.body for m in msgs]
+        # then: every wake-up and mark_done came on the fetch lane it held (no connection from
+        # the pool), beside the sends' lane, and returned each message once
+        assert got == [f"m{i}" for i in range(20)]
+        assert checkouts == 0
+        assert bus._io.lane.conn is send_conn
+        assert len(bus._io.fetch_lanes) == 1
+        assert (await b.receipt(msgs[0]))[0].status == "done"
+
+
+async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> None:
+    from redisbus._io_async import FETCH_LANES
+
+    # given: more agents waiting at once than the bus keeps idle fetch lanes
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-many", **OPEN)
+        a = await ch.join("a")
+        agents = [await ch.join(f"w{i}") for i in range(FETCH_LANES * 3)]
+        waits = [asyncio.ensure_future(w.wait(timeout=5)) for w in agents]
+        await asyncio.sleep(0.2)
+        # when: each gets a message
+        for w in agents:
+            await a.send(w.name, f"to {w.name}")
+        results = await asyncio.gather(*waits)
+        # then: each woke with its own, and only FETCH_LANES lanes (connections) stay held
+        assert [[m.body for m in r.messages] for r in results] == [[f"to {w.name}"] for w in agents]
+        assert len(bus._io.fetch_lanes) == FETCH_LANES
+        # and the connections of the others went back to the pool, open, for the next waits
+        r = redis.Redis(port=redis7.port)
+        before = r.info("stats")["total_connections_received"]
+        waits = [asyncio.ensure_future(w.wait(timeout=5)) for w in agents]
+        await asyncio.sleep(0.2)
+        for w in agents:
+            await a.send(w.name, "again")
+        results = await asyncio.gather(*waits)
+        assert [[m.body for m in r.messages] for r in results] == [["again"]] * len(agents)
+        assert r.info("stats")["total_connections_received"] == before
+
+
+async def test_async_cancelled_and_killed_waits_leave_the_next_in_step(redis7: Server) -> None:
+    # given: an agent blocked in wait() on its fetch lane
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-wait-cancel", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "warm up")  # past the first wait's look at its pending entries
+        await b.mark_done((await b.wait(timeout=1)).messages)
+        waiting = asyncio.ensure_future(b.wait(timeout=5))
+        await asyncio.sleep(0.2)
+        # when: the wait is cancelled mid-read, then a message comes
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await a.send("b", "after the cancel")
+        # then: the next wait gets it (the cancelled read's connection was dropped, not reused
+        # with its reply still due)
+        assert [m.body for m in (await b.wait(timeout=2)).messages] == ["after the cancel"]
+        # and when the server drops every connection, the next wait reconnects by itself
+        redis.Redis(port=redis7.port).client_kill_filter(_type="normal", skipme=True)
+        await asyncio.sleep(0.05)
+        await a.send("b", "after the kill")
+        assert [m.body for m in (await b.wait(timeout=2)).messages] == ["after the kill"]
