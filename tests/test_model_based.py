@@ -567,7 +567,14 @@ class BusModel(RuleBasedStateMachine):
         chosen = data.draw(
             st.lists(st.sampled_from(mine), min_size=1, max_size=3, unique_by=lambda c: c.id)
         )
-        changed = self.worker(p).ok(op="mark_done", agent=agent, ids=[c.id for c in chosen])
+        out = self.worker(p).call(op="mark_done", agent=agent, ids=[c.id for c in chosen])
+        if any(c.state == "dead" for c in chosen):
+            # done.lua refuses a dead-lettered copy (InvalidInput), and with it the whole call:
+            # nothing changes, nothing is fetched (the invariant checks that)
+            assert out.get("err") == "InvalidInput", (chosen, out)
+            return
+        assert "ok" in out, (chosen, out)
+        changed = out["ok"]
         assert changed == any(c.state in ("queued", "held") for c in chosen), (chosen, changed)
         if any(c.state == "queued" for c in chosen):
             # done() on a copy not fetched yet fetches every new entry into this replica first
