@@ -332,11 +332,11 @@ class AsyncAgent(AgentState):
         if not self._recovered or self._pel_dirty:
             # Own pending entries first: after a restart (redeliveries), or after read() and
             # mark_done() fetched entries this handle has not returned yet.
-            msgs = await self._own_pending(redelivered=not self._recovered)
+            msgs = await self._redeliver(own=True)
             self._recovered, self._pel_dirty = True, False
             if msgs:
                 return self._result(msgs)
-        claimed = await self._reclaim()
+        claimed = await self._redeliver(own=False)
         if claimed:
             return self._result(claimed)
         released = False
@@ -371,9 +371,7 @@ class AsyncAgent(AgentState):
                     # A quiet slice: pick up what a reply lost to a dropped connection left in
                     # this replica's pending list (a client retry may hide the drop), then
                     # what dead replicas left behind.
-                    msgs = await self._own_pending(redelivered=False)
-                    if not msgs and block_ms >= 1000:
-                        msgs = await self._reclaim()
+                    msgs = await self._redeliver(own=True, lapsed=block_ms >= 1000)
                 if msgs:
                     return self._result(msgs, running=fresh)
                 if t == 0:
@@ -382,27 +380,6 @@ class AsyncAgent(AgentState):
         finally:
             if released and self.slots is not None:
                 await self.slots.acquire()
-
-    async def _own_pending(self, *, redelivered: bool) -> builtins.list[Message]:
-        """This replica's pending entries it has not returned yet. Reading its pending list
-        (XREADGROUP 0) restarts the lease of every entry on it, so while this handle holds
-        messages it has returned and not marked done, a look at the list's ids comes first:
-        those must keep ageing, to be redelivered (claim.lua) once their lease runs out."""
-        if self._handed:
-            io, k = self._bus._io, self._keys
-            held = await io.call(
-                io.r.xpending_range, k.stream, self.name, "-", "+", 1000, self.replica
-            )
-            if len(held) < 1000 and all(p["message_id"] in self._handed for p in held):
-                return []
-        out: builtins.list[Message] = []
-        cursor = "0"
-        while True:
-            entries, now = await self._fetch(cursor, None)
-            out += self._take(entries, now, redelivered=redelivered, own=True)
-            if len(entries) < 500:
-                return out
-            cursor = entries[-1][0]
 
     async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[builtins.list[Any], int]:
         settle = list(self._deferred) if self._deferred else None
@@ -433,36 +410,55 @@ class AsyncAgent(AgentState):
             self._fetched_to = entries[-1][0]
         return entries, now
 
-    async def _reclaim(self) -> builtins.list[Message]:
-        """Take over messages whose lease ran out on a dead replica (at most every lease/4);
-        dead-letter those delivered max_deliveries times."""
+    async def _redeliver(self, *, own: bool, lapsed: bool = True) -> builtins.list[Message]:
+        """Pending entries due to this replica (claim.lua), dead-lettering instead those
+        handed out max_deliveries times: with ``own``, its own pending entries this handle
+        does not hold (after a restart, a reply lost to a dropped connection, or entries read()
+        and mark_done() fetched ahead); with ``lapsed``, at most every lease/4, entries whose
+        lease ran out on any replica (this one too: a message it returned and that was never
+        marked done comes back to it). Nothing here reads the group, so ``deliveries`` counts
+        hand-outs, and the entries this handle holds keep ageing towards their lease."""
         cfg = self.channel.config.limits
         lease_s = float(cfg.get("lease_s", self._bus.settings.lease_s))
         now = time.monotonic()
-        if now - self._last_claim < lease_s / 4:
+        lapsed = lapsed and now - self._last_claim >= lease_s / 4
+        if not own and not lapsed:
             return []
-        self._last_claim = now
+        if lapsed:
+            self._last_claim = now
         k = self._keys
-        claimed, dead = await self._bus._io.script(
-            "claim",
-            [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta],
-            [
-                self.name,
-                self.replica,
-                int(lease_s * 1000),
-                int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
-                100,
-            ],
-        )
-        if int(dead):
-            self._bus.metrics.dead_lettered(int(dead))
+        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta]
+        argv: builtins.list[Any] = [
+            self.name,
+            self.replica,
+            int(lease_s * 1000),
+            int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
+            100 if lapsed else 0,
+            "-" if own else "",
+        ]
+        out: builtins.list[Message] = []
+        while True:
+            calls = [*self._settle_calls(), ("claim", keys, [*argv, *self._handed])]
+            claimed, dead, resume, now_ms = (await self._bus._io.scripts(calls))[-1]
+            self._deferred.clear()
+            if int(dead):
+                self._bus.metrics.dead_lettered(int(dead))
+            out += self._handed_out(claimed, int(now_ms))
+            if not resume:
+                return out
+            argv[4:6] = [0, resume]
+
+    def _handed_out(self, claimed: Any, now_ms: int) -> builtins.list[Message]:
+        """The messages claim.lua handed this replica, each with its count of hand-outs."""
         out = []
+        redelivered = 0
+        metrics, channel = self._bus.metrics, self.channel.name
         for entry_id, flat, deliveries in claimed:
             f = core.fields_from_flat(flat)
             ok, reason = core.verdict(
                 self._bus._signer,
                 self._bus.settings.unsigned,
-                self.channel.name,
+                channel,
                 entry_id,
                 f,
                 self.name,
@@ -472,14 +468,21 @@ class AsyncAgent(AgentState):
                 self._reject(entry_id, reason)
                 continue
             msg = core.message_from_fields(
-                self.channel.name, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
+                channel, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
             )
-            self._hand([msg])
-            self._deferred += ["r", entry_id]
             out.append(msg)
+            if msg.deliveries > 1:
+                redelivered += 1
+            else:  # first hand-out of an entry fetched ahead: delivered now
+                metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
+            if msg.type == "control":  # consumed on sight
+                self._deferred += ["d", entry_id]
+            else:
+                self._hand([msg])
         if out:
-            self._bus.metrics.received(len(out))
-            self._bus.metrics.redelivered(len(out))
+            metrics.received(len(out))
+        if redelivered:
+            metrics.redelivered(redelivered)
         return out
 
     async def extend_lease(self, message: str | Message) -> bool:

@@ -11,8 +11,9 @@
 -- returns {trimmed, dead_lettered, consumers_removed, expired_undone, rate_pruned,
 --          rate_scanning (1 while the walk over the rate hash has not come round)}
 --
--- 1. Dead-letter pending entries idle past the lease that were delivered max_deliveries times
---    (live replicas reclaim the others; see claim.lua).
+-- 1. Dead-letter pending entries idle past the lease that were handed out max_deliveries
+--    times (live replicas reclaim the others; see claim.lua, which says how hand-outs are
+--    counted: an entry with no receipt mark was fetched ahead and never handed out).
 -- 2. Trim the stream's prefix that no recipient needs any more: entries every recipient is
 --    done with (their receipt marks say done, failed or expired), and entries older than the
 --    retention, whose undone recipients are acknowledged and counted down. Their receipt
@@ -60,11 +61,14 @@ for n = 0, #groups - 1 do
     local pel = redis.call('XPENDING', stream, name, 'IDLE', lease, '-', '+', left)
     left = left - #pel
     for _, p in ipairs(pel) do
-      if tonumber(p[4]) >= max_deliveries then
+      -- hand-outs (claim.lua): the counter, once the entry was handed out and marked read
+      local key = p[1] .. '\n' .. name
+      local due = tonumber(p[4]) >= max_deliveries and redis.call('HEXISTS', marks, key) == 1
+      if due then
         local e = redis.call('XRANGE', stream, p[1], p[1])[1]
         if e then
           dead_letter(dlq, p[1], name, p[4], e[2], now)
-          redis.call('HSET', marks, p[1] .. '\n' .. name, 'F' .. now .. ':max_deliveries')
+          redis.call('HSET', marks, key, 'F' .. now .. ':max_deliveries')
         end
         if redis.call('XACK', stream, name, p[1]) == 1 then
           redis.call('HINCRBY', inbox, name, -1)
