@@ -48,7 +48,7 @@ FIGURES: tuple[Figure, ...] = (
         c.bus_send_seq,
         (THROUGHPUT, P50, TRIPS),
         baseline=("raw XADD", b.raw_xadd_seq),
-        targets=(Target("msgs_per_s", "ratio_min", 0.8, "≥ 0.8x raw"),),
+        targets=(Target("msgs_per_s", "ratio_min", 1.0, "≥ 1.0x raw (SPEC §10)"),),
     ),
     Figure(
         "batch",
@@ -56,7 +56,7 @@ FIGURES: tuple[Figure, ...] = (
         c.bus_send_many,
         (THROUGHPUT, TRIPS),
         baseline=("raw XADD, pipeline of 100", b.raw_xadd_pipelined),
-        targets=(Target("msgs_per_s", "ratio_min", 0.7, "≥ 0.7x raw"),),
+        targets=(Target("msgs_per_s", "ratio_min", 0.8, "≥ 0.8x raw (SPEC §10)"),),
     ),
     Figure(
         "wakeup",
