@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -126,7 +127,7 @@ class IO:
         out: builtins.list[Any] = [None] * len(calls)
         for idx in groups.values():
             part = [calls[i] for i in idx]
-            got = await self._routed(part[0][1][0], lambda io, part=part: op(io, part), retry=retry)
+            got = await self._routed(part[0][1][0], functools.partial(_swap, op, part), retry=retry)
             for i, r in zip(idx, got, strict=True):
                 out[i] = r
         return out
@@ -357,3 +358,7 @@ class IO:
             if isinstance(reply, rx.ResponseError):
                 raise reply
         return out
+
+
+def _swap(op: Callable[[Any, Any], Any], part: Any, io: Any) -> Any:
+    return op(io, part)

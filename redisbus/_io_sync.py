@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -327,7 +328,7 @@ class IO:
         out: builtins.list[Any] = [None] * len(calls)
         for idx in groups.values():
             part = [calls[i] for i in idx]
-            got = self._routed(part[0][1][0], lambda io, part=part: op(io, part), retry=retry)
+            got = self._routed(part[0][1][0], functools.partial(_swap, op, part), retry=retry)
             for i, r in zip(idx, got, strict=True):
                 out[i] = r
         return out
@@ -349,3 +350,7 @@ class IO:
             if isinstance(reply, rx.ResponseError):
                 raise reply
         return out  # type: ignore[no-any-return]
+
+
+def _swap(op: Callable[[Any, Any], Any], part: Any, io: Any) -> Any:
+    return op(io, part)
