@@ -368,13 +368,11 @@ def _capacity_tables(r: ScaleResult) -> list[str]:
         f"spends {_n(cap['replica_cpu_us_per_msg'])} µs per message applying the writes.",
         f"- **On one server a message costs {_n(cap['one_cpu_us_per_msg'])} µs of CPU "
         f"({_n(cap['msgs_per_core_one_path'])} msg/s per core).** The scripts and the data "
-        "commands of a message are the same on both (the table of commands by name); the "
-        "difference is the Cluster client's path: every call its own round trip (no "
-        "pipeline: the wake-up's settle, XREADGROUP, settle and clock are four), the clock "
-        "read with an `EVAL`, and a `COMMAND GETKEYS` for each XREADGROUP and EVAL, which "
-        "redis-py's Cluster client sends to one node, the only spot hotter than the rest "
-        "(shard 0's commands per message above). The last column of the table below is the "
-        "fleet's need if a Cluster client reached each shard as a client reaches one server.",
+        "commands of a message are the same on both (the table of commands by name): the "
+        "Cluster bus sends each call straight to the primary serving its channel's slot, "
+        "as it sends it to one server (the wake-up in one pipeline, the clock read in it, "
+        "no `COMMAND GETKEYS`). The last column of the table below is the fleet's need at "
+        "one server's cost per message.",
         *_scale_line(r),
         f"- **Where one shard saturates**: traffic spread evenly over channels loads each shard "
         f"by its share of channels; the busiest of the 3 holds {cap['channel_spread']:.2f}x the "

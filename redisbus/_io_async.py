@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import Callable, Sequence
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis import exceptions as rx
@@ -40,6 +42,10 @@ class IO:
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
         self.closed = False
+        # Cluster: one standalone IO per primary, each on a client (and lanes) of its own to
+        # that node, found from the key's slot in redis-py's slot table (see ``_routed``)
+        self.nodes: dict[str, IO] = {}
+        self._node_settings = settings.model_copy(update={"retry_attempts": 0})
 
     def check_open(self) -> None:
         if self.closed:
@@ -51,8 +57,86 @@ class IO:
             sha = self.sha[name] = await self.call(self.r.script_load, source(name))
         return sha
 
+    async def _node(self, key: str) -> IO:
+        if self.r._initialize:  # redis-py fills its slot table on first use
+            await self.r.initialize()
+        node = self.r.get_node_from_key(key)
+        sub = self.nodes.get(node.name)
+        if sub is None:
+            import redis.asyncio as aredis
+
+            pool = aredis.ConnectionPool(
+                connection_class=node.connection_class,
+                max_connections=node.max_connections,
+                **node.connection_kwargs,
+            )
+            client = aredis.Redis(connection_pool=pool)
+            sub = self.nodes[node.name] = IO(client, self._node_settings, False)
+        return sub
+
+    async def _routed(
+        self, key: str, op: Callable[[IO], Awaitable[Any]], *, retry: bool = True
+    ) -> Any:
+        """Cluster: ``op`` on the standalone IO of the primary serving ``key``'s slot (see
+        ``_io_sync.IO._routed``): no ``COMMAND GETKEYS``, one pipelined trip per fetch; MOVED
+        and ASK (the node ran nothing) are repeated even for sends, after a refresh of the
+        slot table, other trouble only when ``retry`` allows it."""
+        self.check_open()
+        attempt = 0
+        while True:
+            try:
+                return await op(await self._node(key))
+            except (RedisbusError, rx.RedisError, rx.RedisClusterException, OSError) as e:
+                if isinstance(e, RedisbusError):
+                    cause, err = e.__cause__, e
+                else:
+                    cause, err = e, classify(e)[1]
+                redirect = isinstance(cause, rx.AskError)  # MovedError is one too
+                again = redirect or (
+                    retry and isinstance(cause, BaseException) and classify(cause)[0] == "retry"
+                )
+                if not again or attempt >= max(1, self.settings.retry_attempts):
+                    if err is e:
+                        raise
+                    raise err from cause
+                self.retries += 1
+                await asyncio.sleep(backoff_s(attempt) if attempt or not redirect else 0)
+                attempt += 1
+                # a refresh that fails (still re-forming) is told by the next try
+                with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
+                    await self.r.nodes_manager.initialize()
+
+    async def _by_node(
+        self,
+        calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]],
+        op: Callable[[IO, builtins.list[tuple[str, Sequence[str], Sequence[Any]]]], Any],
+        *,
+        retry: bool = True,
+    ) -> builtins.list[Any]:
+        """Cluster: ``calls`` grouped by the node of their first key, each group in one trip
+        on that node (``_routed``), the replies back in the calls' order."""
+        if self.r._initialize:
+            await self._node(calls[0][1][0])
+        groups: dict[str, builtins.list[int]] = {}
+        for i, (_, k, _) in enumerate(calls):
+            try:
+                name = self.r.get_node_from_key(k[0]).name
+            except rx.RedisClusterException:  # slot not covered now: alone, _routed retries
+                name = str(i)
+            groups.setdefault(name, []).append(i)
+        out: builtins.list[Any] = [None] * len(calls)
+        for idx in groups.values():
+            part = [calls[i] for i in idx]
+            got = await self._routed(part[0][1][0], functools.partial(_swap, op, part), retry=retry)
+            for i, r in zip(idx, got, strict=True):
+                out[i] = r
+        return out
+
     async def close(self) -> None:
         self.closed = True
+        subs, self.nodes = list(self.nodes.values()), {}
+        for sub in subs:
+            await sub.close()
         if self.lane is not None:
             await self.lane.close()
         lanes, self.fetch_lanes = self.fetch_lanes or [], None
@@ -82,6 +166,10 @@ class IO:
         self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
     ) -> Any:
         self.check_open()
+        if self.cluster and keys:
+            return await self._routed(
+                keys[0], lambda io: io.script(name, keys, args, retry=retry), retry=retry
+            )
         for _ in range(3):
             sha = await self.load(name)
             try:
@@ -96,7 +184,9 @@ class IO:
     ) -> builtins.list[Any]:
         """Several idempotent script calls: one round trip on a standalone server (on a fetch
         lane: mark_done(), read marks and the like are a wake-up's bookkeeping)."""
-        if self.cluster or (len(calls) == 1 and self.fetch_lanes is None):
+        if self.cluster:
+            return await self._by_node(calls, lambda io, part: io.scripts(part))
+        if len(calls) == 1 and self.fetch_lanes is None:
             return [await self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
             commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
@@ -115,12 +205,13 @@ class IO:
         typed error instead of raising. Calls refused for a lost script cache are rerun."""
         self.check_open()
         if self.cluster:
-            out: builtins.list[Any] = []
-            for n, k, a in calls:
-                try:
-                    out.append(await self.script(n, k, a, retry=False))
-                except RedisbusError as e:
-                    out.append(e)
+            out = await self._by_node(calls, lambda io, part: io.scripts_raw(part), retry=False)
+            for i, (r, (n, k, a)) in enumerate(zip(out, calls, strict=True)):
+                if isinstance(r, RedisbusError) and isinstance(r.__cause__, rx.AskError):
+                    try:  # MOVED/ASK: not run there; once more on the slot's new node
+                        out[i] = await self.script(n, k, a, retry=False)
+                    except RedisbusError as e:
+                        out[i] = e
             return out
         commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
         try:
@@ -156,9 +247,10 @@ class IO:
         ms = max(1, int(timeout_s * 1000))
         try:
             if self.cluster:
-                node = self.r.get_node_from_key(key)
-                n = await self.call(
-                    self.r.execute_command, "WAIT", replicas, ms, target_nodes=node, retry=False
+                return bool(
+                    await self._routed(
+                        key, lambda io: io.replicate(key, replicas, timeout_s), retry=False
+                    )
                 )
             else:
                 n = await self.call(self.r.wait, replicas, ms, retry=False)
@@ -171,6 +263,10 @@ class IO:
     ) -> builtins.list[tuple[str, dict[str, str] | None]]:
         """Entries after ``after`` (XREAD, blocking up to ``block_ms``), outside every consumer
         group: looking changes no agent's state (``ask()`` watches for its reply this way)."""
+        if self.cluster:
+            return await self._routed(  # type: ignore[no-any-return]
+                stream, lambda io: io.watch(stream, after, block_ms)
+            )
         res = await self.call(self.r.xread, {stream: after}, count=100, block=block_ms)
         return stream_entries(res)
 
@@ -190,6 +286,13 @@ class IO:
         ``_io_sync.IO.fetch``): what the fetch returns is marked read before the reply comes
         back, and the op's reply carries the clock."""
         self.check_open()
+        if self.cluster:
+            return await self._routed(  # type: ignore[no-any-return]
+                keys.stream,
+                lambda io: io.fetch(
+                    keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
+                ),
+            )
         settle_keys = keys.settle
         post = None
         if mark_after is not None:
@@ -197,38 +300,23 @@ class IO:
         replayed: builtins.list[str] = []
         for _ in range(3):
             try:
-                if self.cluster:
-                    if settle:
-                        await self.script("settle", settle_keys, [group, *settle])
-                    res = await self.call(
-                        self.r.xreadgroup,
-                        group,
-                        consumer,
-                        {keys.stream: cursor},
-                        count=500,
-                        block=block_ms,
-                    )
-                    if post:
-                        replayed = (await self.script("settle", settle_keys, post))[3]
-                    now = await self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
+                sha = await self.load("settle") if settle or post else ""
+                commands: builtins.list[tuple[Any, ...]] = []
+                if settle:
+                    commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
+                read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+                if block_ms is not None:
+                    read += ("BLOCK", block_ms)
+                commands.append((*read, "STREAMS", keys.stream, cursor))
+                if post:  # it replies with the Redis clock too
+                    commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
                 else:
-                    sha = await self.load("settle") if settle or post else ""
-                    commands: builtins.list[tuple[Any, ...]] = []
-                    if settle:
-                        commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
-                    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
-                    if block_ms is not None:
-                        read += ("BLOCK", block_ms)
-                    commands.append((*read, "STREAMS", keys.stream, cursor))
-                    if post:  # it replies with the Redis clock too
-                        commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
-                    else:
-                        commands.append(("TIME",))
-                    out = await self.call(self._on_lane, commands)
-                    res = out[1 if settle else 0]
-                    now = out[-1][1:3] if post else out[-1]
-                    if post:
-                        replayed = out[-1][3]
+                    commands.append(("TIME",))
+                out = await self.call(self._on_lane, commands)
+                res = out[1 if settle else 0]
+                now = out[-1][1:3] if post else out[-1]
+                if post:
+                    replayed = out[-1][3]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
@@ -270,3 +358,7 @@ class IO:
             if isinstance(reply, rx.ResponseError):
                 raise reply
         return out
+
+
+def _swap(op: Callable[[Any, Any], Any], part: Any, io: Any) -> Any:
+    return op(io, part)

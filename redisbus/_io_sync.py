@@ -5,6 +5,8 @@ Redis errors, on the socket lane where it is free. Hand-written per face (the as
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -36,6 +38,10 @@ class IO:
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
         self.retries = 0
         self.closed = False
+        # Cluster: one standalone IO per primary, each on its node's own client (and lane),
+        # found from the key's slot in redis-py's slot table (see ``_routed``)
+        self.nodes: dict[str, IO] = {}
+        self._node_settings = settings.model_copy(update={"retry_attempts": 0})
 
     def check_open(self) -> None:
         if self.closed:
@@ -69,6 +75,10 @@ class IO:
         self, name: str, keys: Sequence[str], args: Sequence[Any], *, retry: bool = True
     ) -> Any:
         self.check_open()
+        if self.cluster and keys:
+            return self._routed(
+                keys[0], lambda io: io.script(name, keys, args, retry=retry), retry=retry
+            )
         lane, sha = self.lane, self.sha.get(name)
         if lane is not None and sha is not None:
             # the hot path: straight onto the lane; any trouble is classified as call() would
@@ -103,8 +113,50 @@ class IO:
                 return reply
         return self.r.evalsha(sha, len(keys), *keys, *args)
 
+    def _node(self, key: str) -> IO:
+        node = self.r.get_node_from_key(key)
+        sub = self.nodes.get(node.name)
+        if sub is None or sub.r is not node.redis_connection:
+            sub = self.nodes[node.name] = IO(node.redis_connection, self._node_settings, False)
+        return sub
+
+    def _routed(self, key: str, op: Callable[[IO], Any], *, retry: bool = True) -> Any:
+        """Cluster: ``op`` on the standalone IO of the primary serving ``key``'s slot (every
+        key of a channel shares one slot), so a call costs what it costs on one server: no
+        ``COMMAND GETKEYS``, one pipelined trip per fetch. MOVED and ASK mean the node ran
+        nothing, so they are repeated even for sends, after a refresh of the slot table;
+        other trouble is repeated, after the same refresh, only when ``retry`` allows it."""
+        self.check_open()
+        attempt = 0
+        while True:
+            try:
+                return op(self._node(key))
+            except (RedisbusError, rx.RedisError, rx.RedisClusterException, OSError) as e:
+                if isinstance(e, RedisbusError):
+                    cause, err = e.__cause__, e
+                else:
+                    cause, err = e, classify(e)[1]
+                redirect = isinstance(cause, rx.AskError)  # MovedError is one too
+                again = redirect or (
+                    retry and isinstance(cause, BaseException) and classify(cause)[0] == "retry"
+                )
+                if not again or attempt >= max(1, self.settings.retry_attempts):
+                    if err is e:
+                        raise
+                    raise err from cause
+                self.retries += 1
+                time.sleep(backoff_s(attempt) if attempt or not redirect else 0)
+                attempt += 1
+                # a refresh that fails (still re-forming) is told by the next try
+                with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
+                    self.r.nodes_manager.initialize()
+
     def close(self) -> None:
         self.closed = True
+        for sub in self.nodes.values():
+            for lane in (sub.lane, sub.fetch_lane):
+                if lane is not None:
+                    lane.close()
         for lane in (self.lane, self.fetch_lane):
             if lane is not None:
                 lane.close()
@@ -114,7 +166,9 @@ class IO:
         self, calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]]
     ) -> builtins.list[Any]:
         """Several idempotent script calls: one round trip on a standalone server."""
-        if self.cluster or len(calls) == 1:
+        if self.cluster:
+            return self._by_node(calls, lambda io, part: io.scripts(part))
+        if len(calls) == 1:
             return [self.script(n, k, a) for n, k, a in calls]
         for _ in range(3):
             commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
@@ -133,12 +187,13 @@ class IO:
         raising. Calls refused for a lost script cache are rerun."""
         self.check_open()
         if self.cluster:
-            out: builtins.list[Any] = []
-            for n, k, a in calls:
-                try:
-                    out.append(self.script(n, k, a, retry=False))
-                except RedisbusError as e:
-                    out.append(e)
+            out = self._by_node(calls, lambda io, part: io.scripts_raw(part), retry=False)
+            for i, (r, (n, k, a)) in enumerate(zip(out, calls, strict=True)):
+                if isinstance(r, RedisbusError) and isinstance(r.__cause__, rx.AskError):
+                    try:  # MOVED/ASK: not run there; once more on the slot's new node
+                        out[i] = self.script(n, k, a, retry=False)
+                    except RedisbusError as e:
+                        out[i] = e
             return out
         commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
         try:
@@ -173,9 +228,10 @@ class IO:
         ms = max(1, int(timeout_s * 1000))
         try:
             if self.cluster:
-                node = self.r.get_node_from_key(key)
-                n = self.call(
-                    self.r.execute_command, "WAIT", replicas, ms, target_nodes=node, retry=False
+                return bool(
+                    self._routed(
+                        key, lambda io: io.replicate(key, replicas, timeout_s), retry=False
+                    )
                 )
             else:
                 n = self.call(self.r.wait, replicas, ms, retry=False)
@@ -188,9 +244,9 @@ class IO:
     ) -> builtins.list[tuple[str, dict[str, str] | None]]:
         """Entries after ``after`` (XREAD, blocking up to ``block_ms``), outside every consumer
         group: looking changes no agent's state (``ask()`` watches for its reply this way)."""
-        command = ("XREAD", "COUNT", 100, "BLOCK", block_ms, "STREAMS", stream, after)
         if self.cluster:
-            return stream_entries(self.call(self.r.execute_command, *command))
+            return self._routed(stream, lambda io: io.watch(stream, after, block_ms))  # type: ignore[no-any-return]
+        command = ("XREAD", "COUNT", 100, "BLOCK", block_ms, "STREAMS", stream, after)
         return stream_entries(self.call(self._on_lane, self.fetch_lane, [command])[0])
 
     def fetch(
@@ -210,6 +266,13 @@ class IO:
         marked read on the server before the reply comes back, and the op's reply carries the
         clock (else a TIME follows the read)."""
         self.check_open()
+        if self.cluster:
+            return self._routed(  # type: ignore[no-any-return]
+                keys.stream,
+                lambda io: io.fetch(
+                    keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
+                ),
+            )
         settle_keys = keys.settle
         post = None
         if mark_after is not None:
@@ -217,38 +280,23 @@ class IO:
         replayed: builtins.list[str] = []
         for _ in range(3):
             try:
-                if self.cluster:
-                    if settle:
-                        self.script("settle", settle_keys, [group, *settle])
-                    res = self.call(
-                        self.r.xreadgroup,
-                        group,
-                        consumer,
-                        {keys.stream: cursor},
-                        count=500,
-                        block=block_ms,
-                    )
-                    if post:
-                        replayed = (self.script("settle", settle_keys, post))[3]
-                    now = self.call(self.r.eval, "return redis.call('TIME')", 1, keys.stream)
+                sha = self.load("settle") if settle or post else ""
+                commands: builtins.list[tuple[Any, ...]] = []
+                if settle:
+                    commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
+                read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+                if block_ms is not None:
+                    read += ("BLOCK", block_ms)
+                commands.append((*read, "STREAMS", keys.stream, cursor))
+                if post:  # it replies with the Redis clock too
+                    commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
                 else:
-                    sha = self.load("settle") if settle or post else ""
-                    commands: builtins.list[tuple[Any, ...]] = []
-                    if settle:
-                        commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
-                    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
-                    if block_ms is not None:
-                        read += ("BLOCK", block_ms)
-                    commands.append((*read, "STREAMS", keys.stream, cursor))
-                    if post:  # it replies with the Redis clock too
-                        commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
-                    else:
-                        commands.append(("TIME",))
-                    out = self.call(self._on_lane, self.fetch_lane, commands)
-                    res = out[1 if settle else 0]
-                    now = out[-1][1:3] if post else out[-1]
-                    if post:
-                        replayed = out[-1][3]
+                    commands.append(("TIME",))
+                out = self.call(self._on_lane, self.fetch_lane, commands)
+                res = out[1 if settle else 0]
+                now = out[-1][1:3] if post else out[-1]
+                if post:
+                    replayed = out[-1][3]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
@@ -260,6 +308,30 @@ class IO:
             gone = set(replayed)
             entries = [e for e in entries if e[0] not in gone]
         return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed)
+
+    def _by_node(
+        self,
+        calls: Sequence[tuple[str, Sequence[str], Sequence[Any]]],
+        op: Callable[[IO, builtins.list[tuple[str, Sequence[str], Sequence[Any]]]], Any],
+        *,
+        retry: bool = True,
+    ) -> builtins.list[Any]:
+        """Cluster: ``calls`` grouped by the node of their first key, each group in one trip
+        on that node (``_routed``), the replies back in the calls' order."""
+        groups: dict[str, builtins.list[int]] = {}
+        for i, (_, k, _) in enumerate(calls):
+            try:
+                name = self.r.get_node_from_key(k[0]).name
+            except rx.RedisClusterException:  # slot not covered now: alone, _routed retries
+                name = str(i)
+            groups.setdefault(name, []).append(i)
+        out: builtins.list[Any] = [None] * len(calls)
+        for idx in groups.values():
+            part = [calls[i] for i in idx]
+            got = self._routed(part[0][1][0], functools.partial(_swap, op, part), retry=retry)
+            for i, r in zip(idx, got, strict=True):
+                out[i] = r
+        return out
 
     def _on_lane(
         self, lane: Lane | None, commands: builtins.list[tuple[Any, ...]]
@@ -278,3 +350,7 @@ class IO:
             if isinstance(reply, rx.ResponseError):
                 raise reply
         return out  # type: ignore[no-any-return]
+
+
+def _swap(op: Callable[[Any, Any], Any], part: Any, io: Any) -> Any:
+    return op(io, part)
