@@ -89,31 +89,32 @@ def tail(
             where += "; the channel does not exist yet"
         deadline = None if timeout is None else time.monotonic() + timeout
         seen = 0
-        try:
-            err.print(f"tailing {channel} ({where}); Ctrl-C to stop")
-            while count is None or seen < count:
-                block_ms = 1000  # short blocks: the deadline and Ctrl-C are noticed promptly
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    block_ms = max(1, min(block_ms, int(left * 1000)))
-                batch = raw_redis(r.xread, {keys.stream: last}, count=100, block=block_ms)
-                for entry_id, fields in batch[0][1] if batch else []:
-                    last = entry_id
-                    m = message_from_fields(channel, entry_id, fields, read=False)
-                    if as_json:
-                        write_json(m.as_dict())
-                    else:
-                        out.print(message_text(m))
-                        out.file.flush()
-                    seen += 1
-                    if count is not None and seen >= count:
-                        break
-        except KeyboardInterrupt:  # the usual way to stop following
-            if count is not None and seen < count:
-                raise Exit(f"interrupted: {seen} of {count} messages", 130) from None
-            return
+        # Ctrl-C (or SIGTERM) sets a flag, seen between blocks: no KeyboardInterrupt is thrown
+        # into redis-py mid-read, and a tail started with SIGINT ignored (a background job of
+        # a script) still stops on it, as `redisbus redis` and the daemons do
+        stopped = _on_signals()
+        err.print(f"tailing {channel} ({where}); Ctrl-C to stop")
+        while not stopped() and (count is None or seen < count):
+            block_ms = 500  # short blocks: the deadline and Ctrl-C are noticed promptly
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                block_ms = max(1, min(block_ms, int(left * 1000)))
+            batch = raw_redis(r.xread, {keys.stream: last}, count=100, block=block_ms)
+            for entry_id, fields in batch[0][1] if batch else []:
+                last = entry_id
+                m = message_from_fields(channel, entry_id, fields, read=False)
+                if as_json:
+                    write_json(m.as_dict())
+                else:
+                    out.print(message_text(m))
+                    out.file.flush()
+                seen += 1
+                if count is not None and seen >= count:
+                    break
+        if stopped() and count is not None and seen < count:
+            raise Exit(f"interrupted: {seen} of {count} messages", 130)
         if count is not None and seen < count:
             raise Exit(f"timeout: {seen} of {count} messages within {timeout:g} s", 1)
 

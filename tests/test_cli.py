@@ -303,17 +303,31 @@ def test_tail_prints_messages_sent_after_it_started(team: Run, redis_url: str) -
     ]
 
 
-def test_tail_stops_cleanly_on_ctrl_c(team: Run, redis_url: str) -> None:
+@pytest.mark.parametrize(
+    ("sig", "inherited"),
+    [
+        (signal.SIGINT, signal.SIG_DFL),
+        # a background job of a script (`redisbus tail c &` without job control) starts with
+        # SIGINT ignored; the old tail relied on KeyboardInterrupt and never stopped
+        (signal.SIGINT, signal.SIG_IGN),
+        (signal.SIGTERM, signal.SIG_DFL),
+    ],
+    ids=["ctrl-c", "ctrl-c-as-background-job", "sigterm"],
+)
+def test_tail_stops_cleanly_on_ctrl_c(
+    team: Run, redis_url: str, sig: signal.Signals, inherited: Any
+) -> None:
     tail = subprocess.Popen(
         [BIN, "tail", CH],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=clean_env(redis_url),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, inherited),
     )
     try:
         assert tail.stderr is not None and "tailing" in tail.stderr.readline()
-        tail.send_signal(signal.SIGINT)
+        tail.send_signal(sig)
         _, errors = tail.communicate(timeout=20)
     finally:
         tail.kill()
