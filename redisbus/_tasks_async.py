@@ -8,7 +8,6 @@ code gets the twins of the same names."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,8 @@ Semaphore = asyncio.Semaphore
 sleep = asyncio.sleep
 # what ``serve`` runs for each message: ``await handler(agent, message)``
 Handler = Callable[[Any, "Message"], Awaitable[Any]]
+#: How long ``Heart.halt`` waits for a beat in flight (the sync face joins its thread as long)
+HALT_S = 10.0
 
 
 async def run_all(calls: Sequence[tuple[str, Callable[[], Awaitable[None]]]]) -> None:
@@ -47,10 +48,13 @@ class Heart:
         self.beat = beat
         self.agents: dict[str, dict[str, Any]] = {}  # stream key -> name -> handle
         self.task: asyncio.Task[None] | None = None
+        self.stopped = (
+            False  # set by halt/cancel: the task ends at its next turn, and no new one starts
+        )
 
     def add(self, agent: Any) -> None:
         self.agents.setdefault(agent._keys.stream, {})[agent.name] = agent
-        if self.task is None:
+        if self.task is None and not self.stopped:
             self.task = asyncio.get_running_loop().create_task(self._run())
 
     def remove(self, agent: Any) -> None:
@@ -60,26 +64,34 @@ class Heart:
         return [dict(v) for v in self.agents.values() if v]
 
     def cancel(self) -> None:
+        self.stopped = True
         if self.task is not None:
             self.task.cancel()
 
     async def halt(self) -> None:
         """Stop beating and wait until no beat is in flight (one could renew a lease after
-        the caller released it)."""
+        the caller released it), at most ``HALT_S`` as the sync face's thread join.
+
+        The flag, not only the cancellation, ends the task: a cancellation that lands in a
+        client library's own timeout or error handling can come out as an ordinary error,
+        which the loop below logs and survives; waiting on the task alone then hung
+        ``aclose()`` for good (seen on a Cluster after its connections were killed)."""
+        self.stopped = True
         task, self.task = self.task, None
         if task is not None and not task.done():
             task.cancel()
-            # the cancellation ends it (a failing beat is logged by the task itself)
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=HALT_S)
 
     async def _run(self) -> None:
-        while True:
+        while not self.stopped:
             await asyncio.sleep(self.period_s)
+            if self.stopped:
+                return
             try:
                 await self.beat(self.groups())
             except Exception:  # never let the heartbeat die: the bus's agents would look lost
-                log.exception("redisbus: heartbeat failed; retrying next period")
+                if not self.stopped:
+                    log.exception("redisbus: heartbeat failed; retrying next period")
 
 
 class Coalescer:

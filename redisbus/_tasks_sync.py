@@ -40,6 +40,10 @@ def run_all(calls: Sequence[tuple[str, Callable[[], None]]]) -> None:
         t.join()
 
 
+#: How long ``Heart.halt`` waits for a beat in flight (the async face waits its task as long)
+HALT_S = 10.0
+
+
 class Heart:
     """One thread per Bus: every ``period_s`` it hands its local agents, grouped by channel, to
     ``beat`` (which renews their leases and reports lost agents). Started by the first join."""
@@ -78,7 +82,7 @@ class Heart:
         self.stop.set()
         t = self.thread
         if t is not None and t is not threading.current_thread():
-            t.join(timeout=10)
+            t.join(timeout=HALT_S)
 
     def _run(self) -> None:
         while not self.stop.wait(self.period_s):
