@@ -11,6 +11,7 @@ with the same refusal code, and leave the same stream and counters.
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
 import redis
@@ -143,8 +144,8 @@ def test_the_straight_path_and_the_general_routine_decide_alike(
     with Bus.from_url(redis7.url) as bus:
         # given twin channels with the same random limits
         n = next(_channels)
-        straight, sa = _twin(bus, f"straight-{n}", limits)
-        general, ga = _twin(bus, f"general-{n}", limits)
+        straight, sa = _twin(bus, f"paths-straight-{n}-{uuid.uuid4().hex[:8]}", limits)
+        general, ga = _twin(bus, f"paths-general-{n}-{uuid.uuid4().hex[:8]}", limits)
         # when the same operations run on both, sends naming the recipient as such on one and
         # in a list of one on the other
         for op in ops:
