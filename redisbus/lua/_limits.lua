@@ -5,6 +5,21 @@
 -- locals of its paragraph, made anew on every call of the script): the script passes it the
 -- clock, the channel's limits and the tables it keeps.
 
+-- The channel's limits and pause switch from the copy send.lua packs in the rate hash's
+-- '#lim' field (`cfg`), as a list: 1 routing, 2 siblings ('1' or ''), 3 inbox_cap,
+-- 4 max_body_bytes, 5 max_name_chars, 6 pair_rate_burst, 7 pair_rate_per_s,
+-- 8 sender_rate_burst, 9 sender_rate_per_s, 10 max_chain_depth, 11 max_messages,
+-- 12 dampen_turns, 13 dampen_window (ms), 14 auto_reply_deny, 15 paused (1 or 0),
+-- 16 max_chain_messages. JSON text on Redis (one C call, numbers already numbers); the
+-- in-memory test double (fakeredis, whose cjson is not Redis') keeps it tab-separated.
+local function limits_of(cfg)
+  if cmsgpack then return cjson.decode(cfg) end
+  local l = {string.match(cfg, '^' .. string.rep('([^\t]*)\t', 15) .. '(.*)$')}
+  for i = 3, 13 do l[i] = tonumber(l[i]) end
+  l[15], l[16] = tonumber(l[15]), tonumber(l[16])
+  return l
+end
+
 -- "tokens now_ms": the value of a bucket left with `tokens` at `now_s` (the call's clock, as
 -- text). The same numbers recur across a broadcast's recipients (full buckets): each value is
 -- made once per call.
@@ -112,6 +127,52 @@ local function reach(sender, sp, name, np, open, siblings)
   elseif np == sp then rel = 'sibling' end
   if open or rel == 'child' or rel == 'parent' then return rel, true end
   return rel, rel == 'sibling' and siblings
+end
+
+-- The sender's own status (`st`, false when it is no member): may it send? Returns nothing
+-- when it may, else code, message.
+local function check_sender(st)
+  if not st then return 'unknown_agent', 'sender is not a member' end
+  if st == 'failed' or st == 'cancelled' then return 'agent_closed', 'sender is ' .. st end
+end
+
+-- One resolved recipient `name` of `sender` (whose parent is `sp`), under the limits `L`
+-- (limits_of) at `now`: routing (family routing only; `np` its parent), closed (`st` its
+-- status), inbox cap (`queued` its inbox depth), breaker (`brk`: "failures first until_ms",
+-- written by claim.lua / sweep.lua, or false), dampener (`dv`: the pair's "turns at_ms
+-- last_sender" or false; nil when not checked), pair bucket (`pv`). Returns nothing but the
+-- tokens left in the pair bucket and the pair's turns when it passes, else code, message,
+-- limit, current, retry_ms.
+local function check_recipient(sender, sp, name, np, st, queued, brk, dv, pv, now, L)
+  if L[1] ~= 'open' then
+    local rel, ok = reach(sender, sp, name, np, false, L[2] == '1')
+    if not ok then
+      return 'routing_refused', name .. ' is outside ' .. sender .. "'s reach (" .. rel .. ')'
+    end
+  end
+  if st == 'failed' or st == 'cancelled' or st == 'lost' then
+    return 'recipient_closed', name .. ' is ' .. st
+  end
+  if queued >= L[3] then
+    return 'inbox_full', name .. "'s inbox is full", L[3], queued
+  end
+  if brk then
+    local brk_ms = (tonumber(string.match(brk, ' (%d+)$') or '0') - now)
+    if brk_ms > 0 then
+      return 'circuit_open', name .. ' keeps failing: deliveries paused', 0, 0, brk_ms
+    end
+  end
+  local turns = 0
+  if dv ~= nil then turns = dampened(dv, name, now, L[13]) end
+  if turns > L[12] then
+    return 'loop', 'ping-pong between ' .. sender .. ' and ' .. name .. ' dampened',
+      L[12], turns, L[13]
+  end
+  local pass, left, wait_ms = bucket(pv, L[6], L[7], now)
+  if not pass then
+    return 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name, L[6], left, wait_ms
+  end
+  return nil, nil, nil, nil, nil, left, turns
 end
 
 -- The text rules of a message: the channel is open (not `paused`), the body is at most
