@@ -217,6 +217,80 @@ def bus_wait_wakeup(
     return wakeup_metrics(lat, n)
 
 
+def _xadd_sender(
+    url: str,
+    stream: str,
+    fields: dict[bytes, bytes],
+    body_key: bytes,
+    n: int,
+    rate: float,
+    ready: Event,
+    go: Event,
+) -> None:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    r.ping()
+    entry = dict(fields)
+    settle_heap()
+    ready.set()
+    go.wait(30)
+    for deadline in paced(rate, n):
+        sleep_until(deadline)
+        entry[body_key] = body().encode()
+        r.xadd(stream, entry)  # type: ignore[arg-type]
+    r.close()
+
+
+def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
+    """:func:`bus_wait_wakeup` with the sender's ``send()`` replaced by a bare ``XADD`` of
+    the entry ``send()`` writes (its fields copied from one real send, the body restamped):
+    the receive side alone, the sender costing what raw Redis's does. No limit is checked and
+    the inbox count is not raised for these entries (``mark_done()`` counts it down all the
+    same), which the wake-up path does not read."""
+    n = wakeup_count(ctx)
+    name = ctx.name("wakex")
+    with opened(ctx) as bus:
+        ch = bus.channel(name, **LIMITS)
+        receiver, sender = ch.join("receiver"), ch.join("sender")
+        check(sender.send("receiver", "template", subject=SUBJECT))
+        first = receiver.wait(timeout=5).messages
+        receiver.mark_done(first)
+        stream = receiver._keys.stream
+        r = ctx.client()
+        try:
+            ((_, fields),) = r.xrange(stream, first[0].id, first[0].id)
+        finally:
+            r.close()
+        body_key = next(k for k, v in fields.items() if v == b"template")
+        spawn = mp.get_context("spawn")
+        ready, go = spawn.Event(), spawn.Event()
+        proc = spawn.Process(
+            target=_xadd_sender, args=(ctx.url, stream, fields, body_key, n, rate, ready, go)
+        )
+        proc.start()
+        lat: list[int] = []
+        try:
+            if not ready.wait(30):
+                raise RuntimeError("sender process did not start")
+            settle_heap()
+            go.set()
+            for _ in receive_until_quiet(proc, n, lambda: len(lat)):
+                w = receiver.wait(timeout=0.5)
+                now = time.time_ns()
+                for m in w.messages:
+                    lat.append(now - body_ts(m.body))
+                if w.messages:
+                    receiver.mark_done(w.messages)
+        finally:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+    if proc.exitcode not in (0, None):
+        raise RuntimeError(f"sender process exited with {proc.exitcode}")
+    return wakeup_metrics(lat, n)
+
+
 def bus_async_wait_wakeup(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
     """:func:`bus_wait_wakeup` with an ``AsyncBus`` receiver: the same sender process (a
     sync ``Bus``, so only the receiving face differs); an event loop awaits ``wait()`` then

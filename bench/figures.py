@@ -87,6 +87,17 @@ FIGURES: tuple[Figure, ...] = (
         "measured in the same rounds, alternating with the async one",
     ),
     Figure(
+        "recv-wakeup",
+        "the receive side of the wake-up: wait() fed by a bare XADD of send()'s entry",
+        c.bus_wait_wakeup_xadd,
+        (P50, P99, MISSED),
+        baseline=("raw XREADGROUP BLOCK", b.raw_xreadgroup_wakeup),
+        refs=(("wait() fed by send()", c.bus_wait_wakeup),),
+        targets=(Target("missed", "max", 0, "none"),),
+        note="no target of its own: it splits the wake-up figure into the receiver's share "
+        "(this one against raw) and the sender's (the send()-fed reference against this one)",
+    ),
+    Figure(
         "signing-send",
         "send() signed with a per-host Ed25519 key (signing off as baseline)",
         c.bus_send_seq_ed25519,

@@ -105,10 +105,11 @@ def plot_throughput(r: ScaleResult, path: Path) -> None:
 
 def wakeup_series(figures: list[FigureResult]) -> list[tuple[str, list[float]]]:
     """(label, pooled quantiles in µs) of every side of every wake-up figure that recorded
-    its distribution (the signing and tracing variants left out: they compare settings)."""
+    its distribution (left out: the signing and tracing variants, which compare settings, and
+    the receive side's split, which repeats the wake-up's sides)."""
     out: list[tuple[str, list[float]]] = []
     for f in figures:
-        if "wakeup" not in f.name or f.name.startswith(("signing", "otel")):
+        if "wakeup" not in f.name or f.name.startswith(("signing", "otel", "recv")):
             continue
         for side in (f.baseline, f.subject, *f.refs):
             if side is None or side.error:

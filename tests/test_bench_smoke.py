@@ -9,9 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.servers import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,3 +88,17 @@ def test_bench_costs_runs() -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for op in ("send() to one", "wait(), one message ready", "mark_done(one)", "read()"):
         assert op in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_receive_side_wake_up_case_gets_every_bare_xadd(redis7: Server) -> None:
+    # given: the recv-wakeup case (wait() fed by a bare XADD of send()'s entry), quick size
+    from bench.cases import bus_wait_wakeup_xadd
+    from bench.common import Ctx
+
+    ctx = Ctx(redis7.url, "quick", uuid.uuid4().hex[:6], own_server=False, memory_messages=0)
+    # when: it runs at 2k msg/s
+    got = bus_wait_wakeup_xadd(ctx, rate=2_000.0)
+    # then: the receiver woke for every copy, each a whole message (its body's stamp parsed)
+    assert got["missed"] == 0
+    assert 0 < got["p50_us"] <= got["p99_us"]

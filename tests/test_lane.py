@@ -353,6 +353,46 @@ def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
         assert b.receipt(got[0])[0].status == "done"
 
 
+#: what the "n" op behind a wake-up's read runs on the server for one message addressed to
+#: the agent: the clock, the consumer's new pending entries, the entry's fields (recipients,
+#: ttl), its read mark, and the status "waiting" -> "running". It is in the wake-up's path (the
+#: read's reply leaves the server after it), so growing it slows every wake-up.
+N_OP = ["TIME", "XPENDING", "XRANGE", "HSETNX", "HGET", "HSET"]
+
+
+def _ran(r: redis.Redis) -> list[str]:
+    """Every command logged since the last SLOWLOG RESET (oldest first), by name, those a
+    script ran prefixed "lua:"."""
+    out = []
+    for entry in reversed(r.slowlog_get(1000)):
+        name = entry["command"].split()[0].decode().upper()
+        inner = entry.get("client_address") in (b"?:0", "?:0")
+        if name != "SLOWLOG":
+            out.append(f"lua:{name}" if inner else name)
+    return out
+
+
+def test_the_read_marks_of_a_wake_up_cost_six_server_commands(logged: Server) -> None:
+    # given: a receiver through one wait() / mark_done() cycle, and a message waiting for it
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-n-op", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "warm up")
+        b.mark_done(b.wait(timeout=1).messages)
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: it waits
+        got = b.wait(timeout=1).messages
+        ran = _ran(r)
+        # then: after the read, the settle call's "n" op ran exactly these commands, and the
+        # message was read on the server before wait() returned
+        assert [m.body for m in got] == ["hello"]
+        read = ran.index("XREADGROUP")
+        assert ran[read + 1 :] == [f"lua:{c}" for c in N_OP] + ["EVALSHA"]
+        assert b.receipt(got[0])[0].status == "read"
+
+
 async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
     r = logged.client()
     async with AsyncBus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
