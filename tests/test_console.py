@@ -27,7 +27,15 @@ from redisbus.embedded import free_port
 from tests.servers import Server, missing
 
 ROOT = Path(__file__).resolve().parent.parent
-SCREENSHOT = ROOT / "docs" / "img" / "console.png"
+# the docs' screenshots are retaken only when asked (REDISBUS_DOC_SCREENSHOTS=1, e.g. before a
+# release): a test run leaves the checkout as it found it
+DOC_SHOTS = ROOT / "docs" / "img"
+
+
+def shot_dir(tmp_path: Path) -> Path:
+    return DOC_SHOTS if os.environ.get("REDISBUS_DOC_SCREENSHOTS") == "1" else tmp_path
+
+
 TOKEN = "console-test-token"
 CHROMIUM_ARGS = [
     "--headless",
@@ -204,7 +212,7 @@ def message(page: Any, mid: str) -> Any:
 
 
 def test_the_page_shows_tree_thread_and_a_receipt_that_updates_live(
-    conversation: Film, read_only: str, page: Any
+    conversation: Film, read_only: str, page: Any, tmp_path: Path
 ) -> None:
     f, base = conversation, read_only
     page.goto(f"{base}/c/film")
@@ -248,15 +256,16 @@ def test_the_page_shows_tree_thread_and_a_receipt_that_updates_live(
     assert done.locator(".lat").text_content().startswith("+")
     assert "approved" in (row.locator(".result").text_content() or "")
 
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    shots = shot_dir(tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "console.png"), full_page=True)
 
     # the channel list links to the page
     page.goto(f"{base}/")
     row = page.locator('#channels tr[data-channel="film"]')
     assert row.locator("td").all_text_contents() == ["film", "3", "6", "1", "open"]
     page.set_viewport_size({"width": 900, "height": 260})
-    page.screenshot(path=str(SCREENSHOT.with_name("console-channels.png")))
+    page.screenshot(path=str(shots / "console-channels.png"))
     row.locator("a").click()
     page.wait_for_url(f"{base}/c/film")
     page.locator(f'article.message[data-id="{f.draft}"]').wait_for()
