@@ -134,8 +134,25 @@ def plan_batch(
         raise InvalidInput(f"send_many takes a list of items, got {type(items).__name__}")
     plans: list[SendPlan] = []
     types: list[str] = []
+    # unsigned, a pair's plan is plan_send's with its defaults, whose checks pass by
+    # construction: only the recipients and the body are checked (the same checks)
+    bare = signer is None or not signer.enabled
     for item in items:
         kw: dict[str, Any] = {}
+        if item.__class__ is tuple and len(item) == 2 and bare:
+            to, body = item
+            mode, names = check.recipients(to)
+            text_body = check.body(body)
+            rcpt = names[0] if mode == "one" else "\n".join(names)
+            plans.append(
+                SendPlan(
+                    mode,
+                    names,
+                    [sender, mode, rcpt, "", text_body, "message", "0", *_BARE, cause],
+                )
+            )
+            types.append("message")
+            continue
         if (item.__class__ is tuple or isinstance(item, tuple | list)) and len(item) == 2:
             to, body = item
         elif isinstance(item, Mapping):
@@ -174,6 +191,9 @@ def plan_batch(
             types.append("message")
     return plans, types
 
+
+#: A pair's reply_to, ttl, idempotency key, trace and signature (with its time): none.
+_BARE = ("", "", "", "", "", "")
 
 #: What a send_many item may say: send()'s arguments that one script call can honour.
 _BATCH_ARGS = frozenset(

@@ -155,3 +155,84 @@ def test_the_straight_path_and_the_general_routine_decide_alike(
             assert a == b, (limits, ops, op, a, b)
         # and the stream and counters are the same
         assert _state(r, straight) == _state(r, general), (limits, ops)
+
+
+#: a batch's items: recipient, body, subject, type, reply_to (the n-th entry before the batch)
+ITEMS = st.lists(
+    st.tuples(
+        st.sampled_from([*NAMES, "nobody", "id:kid"]),
+        st.sampled_from(["hi", "x" * 65, ""]),
+        st.sampled_from(["", "", "status", "far too long"]),
+        st.sampled_from(["message", "message", "auto_reply"]),
+        st.sampled_from([None, None, 0, -1]),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(limits=LIMITS, sender=st.sampled_from(NAMES), items=ITEMS, before=OPS)
+def test_a_batch_decides_as_the_same_sends_one_by_one(
+    redis7: Server,
+    limits: dict[str, Any],
+    sender: str,
+    items: list[tuple[Any, ...]],
+    before: list[tuple[Any, ...]],
+) -> None:
+    # A batch's message to one member named as such takes a path of its own in send.lua (and a
+    # (to, body) pair one of its own in the planner); sent one by one in lists of one, the same
+    # messages take the general routine. Each must be accepted or refused alike, each seeing
+    # what the ones before it did, and leave the same stream and counters.
+    r = redis.Redis(port=redis7.port, decode_responses=True)
+    with Bus.from_url(redis7.url) as bus:
+        # given twin channels with the same random limits (buckets too slow to refill between
+        # the sends one by one: a batch reads the clock once) and the same history
+        limits = {**limits, "pair_rate_per_s": 0.001}
+        n = next(_channels)
+        batch, ba = _twin(bus, f"paths-batch-{n}-{uuid.uuid4().hex[:8]}", limits)
+        single, sa = _twin(bus, f"paths-single-{n}-{uuid.uuid4().hex[:8]}", limits)
+        for op in before:
+            _apply(r, batch, ba, op, general=False)
+            _apply(r, single, sa, op, general=True)
+        # when the items go out as one batch on one, one by one on the other
+        ids = [i for i, _ in r.xrange(batch.keys.stream)]
+        ids_single = [i for i, _ in r.xrange(single.keys.stream)]
+        sends = []
+        for name, body, subject, mtype, nth in items:
+            to = (ba[name[3:]].id, sa[name[3:]].id) if name.startswith("id:") else (name, name)
+            reply_to = (None, None)
+            if nth is not None and len(ids) > abs(nth):
+                reply_to = ids[nth], ids_single[nth]
+            sends.append((to, body, subject, mtype, reply_to))
+        batch_items: list[Any] = []
+        for to, body, subject, mtype, reply_to in sends:
+            if (subject, mtype, reply_to[0]) == ("", "message", None):
+                batch_items.append((to[0], body))
+            else:
+                batch_items.append(
+                    {
+                        "to": to[0],
+                        "body": body,
+                        "subject": subject,
+                        "type": mtype,
+                        "reply_to": reply_to[0],
+                    }
+                )
+        batched = [
+            r_.error.code if r_.error else r_.status for r_ in ba[sender].send_many(batch_items)
+        ]
+        one_by_one = []
+        for to, body, subject, mtype, reply_to in sends:
+            try:
+                (got,) = sa[sender].send(
+                    [to[1]], body, subject=subject, type=mtype, reply_to=reply_to[1]
+                )
+                one_by_one.append(got.error.code if got.error else got.status)
+            except RedisbusError as e:
+                one_by_one.append(e.code)
+        # then each message is decided alike, and the stream and counters are the same
+        assert batched == one_by_one, (limits, sender, items, batched, one_by_one)
+        assert _state(r, batch) == _state(r, single), (limits, sender, items)

@@ -30,7 +30,8 @@
 -- (resolve, check_recipient), then the sender's bucket. send_message() runs them for every
 -- mode, however many messages share the call; a single send to one member named as such takes
 -- a straight path of its own (the first block below) that calls the same helpers, which the
--- bench showed pays (about 40% of the script's server time). Messages are checked and appended in order, each seeing what the ones
+-- bench showed pays (about 40% of the script's server time); so does a batch's message of that
+-- kind (plain(), below the routine: about 14% of a batched message's server time). Messages are checked and appended in order, each seeing what the ones
 -- before it did (inbox depths, token buckets, the budget, idempotency keys), exactly as
 -- separate sends would; they share one read of the channel's limits, one clock reading and
 -- the member lookups. Nothing is written for a refused message: every check runs before its
@@ -585,10 +586,79 @@ local function send_message(item, base)
   return {1, id, accepted, refused}
 end
 
+-- A batch's message to one member named as such, without an idempotency key, whose every
+-- field the reads before the first message found: send_message()'s checks (the same helpers,
+-- in the same order, the same refusals) and counting, without its lists and lookups. Returns
+-- nothing, before any check, when something is unknown: send_message() takes the message.
+local damp, sender_field = dampen_turns > 0, {}
+local function plain(base, sender, name)
+  local st, sp, np = status_of[name], '', ''
+  if not st or name == sender or name == 'parent' or status_of[sender] == nil then return end
+  if family then
+    sp, np = parent_of[sender], parent_of[name]
+    if sp == nil or np == nil then return end
+    sp, np = sp or '', np or ''
+  end
+  local pf, bf, df = pair_fields(sender, name, damp)
+  local sfield = sender_field[sender]
+  if not sfield then sfield = 's\n' .. sender; sender_field[sender] = sfield end
+  local pv, bv, dv, queued = cached[pf], cached[bf], nil, depth_of[name]
+  if pv == nil or bv == nil or queued == nil or cached[sfield] == nil
+    or cached['#sent'] == nil then return end
+  if df then dv = cached[df]; if dv == nil then return end end
+  local code, msg, limit, current, retry = check_text(ARGV[base + 4], ARGV[base + 5],
+    ARGV[base + 6], ARGV[base + 7], paused, max_body, max_name)
+  if code then return refuse(code, msg, limit, current) end
+  if max_msgs > 0 then
+    local sent = tonumber(cached['#sent'] or '0')
+    if sent >= max_msgs then return refuse('budget', 'channel message budget spent', max_msgs, sent) end
+  end
+  code, msg = check_sender(status_of[sender])
+  if code then return refuse(code, msg) end
+  local depth, chain
+  depth, chain, code, msg, limit, current =
+    chain_of(stream, rate, cached, ARGV[base + 8], ARGV[base + 14], ARGV[base + 6], deny_list,
+      max_chain, max_chain_msgs)
+  if code then return refuse(code, msg, limit, current) end
+  local tokens, turns
+  code, msg, limit, current, retry, tokens, turns =
+    check_recipient(sender, sp, name, np, st, queued, bv, dv, pv, now, limits)
+  if code then return refuse(code, msg, limit, current, retry) end
+  local s_ok, s_tokens, s_retry = bucket(cached[sfield], snd_burst, snd_rate, now)
+  if not s_ok then
+    return refuse('rate_limited', 'sender rate limit for ' .. sender, snd_burst, s_tokens, s_retry)
+  end
+  if tokens then spend(cached, dirty, pf, tokens, now_s) end
+  if df then
+    local v = first_turn[sender]
+    if turns > 0 then
+      v = turns .. ' ' .. now_s .. ' ' .. sender
+    elseif not v then
+      v = '0 ' .. now_s .. ' ' .. sender; first_turn[sender] = v
+    end
+    cached[df], dirty[df] = v, true
+  end
+  depth_of[name], depth_dirty[name] = queued + 1, true
+  cached['#sent'] = (tonumber(cached['#sent'] or '0') or 0) + 1
+  dirty['#sent'] = true
+  if depth > 0 and max_chain_msgs > 0 then
+    local cf = 'c\n' .. chain
+    cached[cf], dirty[cf] = tonumber(cached[cf] or '1') + 1, true
+  end
+  if s_tokens then spend(cached, dirty, sfield, s_tokens, now_s) end
+  sent_any = true
+  return {1, append(base, name, depth, chain, false), name}
+end
+
 local result
 local out = count > 1 and {} or nil
 for item = 1, count do
-  result = send_message(item, (item - 1) * NF)
+  local base = (item - 1) * NF
+  result = nil
+  if ARGV[base + 2] == 'one' and ARGV[base + 10] == '' then
+    result = plain(base, ARGV[base + 1], ARGV[base + 3])
+  end
+  if not result then result = send_message(item, base) end
   if out then out[item] = result end
 end
 
