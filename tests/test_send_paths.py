@@ -32,7 +32,9 @@ LIMITS = st.fixed_dictionaries(
         "siblings": st.booleans(),
         "inbox_cap": st.sampled_from([2, 4, 1_000]),
         "pair_rate_burst": st.sampled_from([0, 2, 1_000]),
-        "pair_rate_per_s": st.sampled_from([0.001, 1_000.0]),
+        # buckets too slow to refill between the twins' sends: a refill is timing, not a
+        # decision, and a fast one made the twins' token counts differ by one now and then
+        "pair_rate_per_s": st.just(0.001),
         "sender_rate_burst": st.sampled_from([0, 3, 1_000]),
         "sender_rate_per_s": st.just(0.001),
         "max_messages": st.sampled_from([0, 9]),
