@@ -489,6 +489,9 @@ class BusModel(RuleBasedStateMachine):
         lapsed = {c.id for c in held if c.idle_now_s() >= LEASE_S - 0.05}
         must = bool(queued or own_new)
         out = self.worker(p).ok(op="wait", agent=agent, timeout=10.0 if must else timeout)
+        # a wait may block (up to its timeout), and a held copy whose lease runs out meanwhile
+        # is due again in the same call: what may come back is what had lapsed by its end
+        lapsed |= {c.id for c in held if c.idle_now_s() >= LEASE_S - 0.05}
         got = [m for m in out["messages"] if agent in m["to"]]
         assert len(got) == len(out["messages"]), out  # no message for someone else
         ids = {m["id"] for m in got}
