@@ -129,6 +129,15 @@ local function reach(sender, sp, name, np, open, siblings)
   return rel, rel == 'sibling' and siblings
 end
 
+-- The channel's message budget: `sent` messages so far (text or number, nil for none) under
+-- `max_msgs` (0: no budget). Returns nothing when one more may go, else code, message, limit,
+-- current.
+local function check_budget(sent, max_msgs)
+  if max_msgs <= 0 then return end
+  sent = tonumber(sent or '0')
+  if sent >= max_msgs then return 'budget', 'channel message budget spent', max_msgs, sent end
+end
+
 -- The sender's own status (`st`, false when it is no member): may it send? Returns nothing
 -- when it may, else code, message.
 local function check_sender(st)

@@ -109,10 +109,9 @@ if count == 1 and ARGV[2] == 'one' and ARGV[10] == '' and ARGV[3] ~= 'parent'
     local code, msg, limit, current, retry = check_text(ARGV[4], ARGV[5], ARGV[6], ARGV[7],
       L[15] == 1, L[4], L[5])
     if code then return refuse(code, msg, limit, current) end
-    local max_msgs, sent = L[11], tonumber(v[2] or '0')
-    if max_msgs > 0 and sent >= max_msgs then
-      return refuse('budget', 'channel message budget spent', max_msgs, sent)
-    end
+    local sent = tonumber(v[2] or '0')
+    code, msg, limit, current = check_budget(sent, L[11])
+    if code then return refuse(code, msg, limit, current) end
     local family = L[1] ~= 'open'
     local st = call('HMGET', status, sender, name)
     local pa = family and call('HMGET', parents, sender, name)
@@ -401,15 +400,11 @@ local function send_message(item, base)
     ARGV[base + 6], ARGV[base + 7], paused, max_body, max_name)
   if code then return refuse(code, msg, limit, current) end
   -- the channel's message budget
-  if max_msgs > 0 then
-    local sent = cached['#sent']
-    if sent == nil then
-      sent = call('HGET', rate, '#sent') or false
-      cached['#sent'] = sent
-    end
-    sent = tonumber(sent or '0')
-    if sent >= max_msgs then return refuse('budget', 'channel message budget spent', max_msgs, sent) end
+  if max_msgs > 0 and cached['#sent'] == nil then
+    cached['#sent'] = call('HGET', rate, '#sent') or false
   end
+  code, msg, limit, current = check_budget(cached['#sent'], max_msgs)
+  if code then return refuse(code, msg, limit, current) end
 
   -- the names given ("parent" read as the sender's parent); their status (and parent)
   local nn, with_parents = 0, family
@@ -609,10 +604,8 @@ local function plain(base, sender, name)
   local code, msg, limit, current, retry = check_text(ARGV[base + 4], ARGV[base + 5],
     ARGV[base + 6], ARGV[base + 7], paused, max_body, max_name)
   if code then return refuse(code, msg, limit, current) end
-  if max_msgs > 0 then
-    local sent = tonumber(cached['#sent'] or '0')
-    if sent >= max_msgs then return refuse('budget', 'channel message budget spent', max_msgs, sent) end
-  end
+  code, msg, limit, current = check_budget(cached['#sent'], max_msgs)
+  if code then return refuse(code, msg, limit, current) end
   code, msg = check_sender(status_of[sender])
   if code then return refuse(code, msg) end
   local depth, chain
