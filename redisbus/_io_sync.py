@@ -15,7 +15,7 @@ from redis import exceptions as rx
 
 from ._errors import BusClosed, BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
-from ._redis import Lane, backoff_s, classify, stream_entries
+from ._redis import Lane, backoff_s, classify, routed_failure, stream_entries
 from ._scripts import source
 from ._settings import BusSettings
 
@@ -132,18 +132,11 @@ class IO:
             try:
                 return op(self._node(key))
             except (RedisbusError, rx.RedisError, rx.RedisClusterException, OSError) as e:
-                if isinstance(e, RedisbusError):
-                    cause, err = e.__cause__, e
-                else:
-                    cause, err = e, classify(e)[1]
-                redirect = isinstance(cause, rx.AskError)  # MovedError is one too
-                again = redirect or (
-                    retry and isinstance(cause, BaseException) and classify(cause)[0] == "retry"
-                )
+                again, redirect, err = routed_failure(e, retry=retry)
                 if not again or attempt >= max(1, self.settings.retry_attempts):
-                    if err is e:
+                    if err is None:
                         raise
-                    raise err from cause
+                    raise err from e
                 self.retries += 1
                 time.sleep(backoff_s(attempt) if attempt or not redirect else 0)
                 attempt += 1

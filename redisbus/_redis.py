@@ -61,6 +61,23 @@ def classify(e: BaseException) -> tuple[Action, RedisbusError]:
     return "raise", RedisbusError(f"unexpected error: {e!r}")
 
 
+def routed_failure(e: BaseException, *, retry: bool) -> tuple[bool, bool, BaseException | None]:
+    """A Cluster call routed to one node failed with ``e`` (a redisbus error wrapping the
+    cause, or the cause itself): (repeat it, it was a redirect, the error to raise instead of
+    ``e`` or None). MOVED and ASK mean the node ran nothing, so they are repeated even for
+    sends; other trouble only when ``retry`` allows it. Both faces' ``IO._routed`` decide
+    here; they only sleep and refresh the slot table their own way."""
+    if isinstance(e, RedisbusError):
+        cause, err = e.__cause__, e
+    else:
+        cause, err = e, classify(e)[1]
+    redirect = isinstance(cause, rx.AskError)  # MovedError is one too
+    again = redirect or (
+        retry and isinstance(cause, BaseException) and classify(cause)[0] == "retry"
+    )
+    return again, redirect, (None if err is e else err)
+
+
 def backoff_s(attempt: int) -> float:
     return float(min(2.0, 0.02 * (2**attempt)) * (0.5 + random.random() / 2))
 
