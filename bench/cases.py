@@ -194,27 +194,34 @@ def bus_wait_wakeup(
         spawn = mp.get_context("spawn")
         ready, go = spawn.Event(), spawn.Event()
         proc = spawn.Process(target=_bus_sender, args=(ctx.url, name, n, rate, ready, go, signing))
-        proc.start()
-        lat: list[int] = []
-        try:
-            if not ready.wait(30):
-                raise RuntimeError("sender process did not start")
-            settle_heap()
-            go.set()
-            for _ in receive_until_quiet(proc, n, lambda: len(lat)):
-                w = receiver.wait(timeout=0.5)
-                now = time.time_ns()
-                for m in w.messages:
-                    lat.append(now - body_ts(m.body))
-                if w.messages:
-                    receiver.mark_done(w.messages)
-        finally:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+        lat = _receive_from(proc, ready, go, receiver, n)
+    return wakeup_metrics(lat, n)
+
+
+def _receive_from(proc: Any, ready: Any, go: Any, receiver: Any, n: int) -> list[int]:
+    """Start the sender process ``proc``, then ``wait()`` and ``mark_done()`` on ``receiver``
+    until it has sent ``n`` and gone quiet: each message's wake-up latency in ns."""
+    proc.start()
+    lat: list[int] = []
+    try:
+        if not ready.wait(30):
+            raise RuntimeError("sender process did not start")
+        settle_heap()
+        go.set()
+        for _ in receive_until_quiet(proc, n, lambda: len(lat)):
+            w = receiver.wait(timeout=0.5)
+            now = time.time_ns()
+            for m in w.messages:
+                lat.append(now - body_ts(m.body))
+            if w.messages:
+                receiver.mark_done(w.messages)
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
     if proc.exitcode not in (0, None):
         raise RuntimeError(f"sender process exited with {proc.exitcode}")
-    return wakeup_metrics(lat, n)
+    return lat
 
 
 def _xadd_sender(
@@ -268,26 +275,7 @@ def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
         proc = spawn.Process(
             target=_xadd_sender, args=(ctx.url, stream, fields, body_key, n, rate, ready, go)
         )
-        proc.start()
-        lat: list[int] = []
-        try:
-            if not ready.wait(30):
-                raise RuntimeError("sender process did not start")
-            settle_heap()
-            go.set()
-            for _ in receive_until_quiet(proc, n, lambda: len(lat)):
-                w = receiver.wait(timeout=0.5)
-                now = time.time_ns()
-                for m in w.messages:
-                    lat.append(now - body_ts(m.body))
-                if w.messages:
-                    receiver.mark_done(w.messages)
-        finally:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-    if proc.exitcode not in (0, None):
-        raise RuntimeError(f"sender process exited with {proc.exitcode}")
+        lat = _receive_from(proc, ready, go, receiver, n)
     return wakeup_metrics(lat, n)
 
 
