@@ -275,16 +275,24 @@ def parse_send(
     """Raise for a refused send; otherwise the receipt (one recipient) or receipts.
     ``times``: entry-id milliseconds already turned into datetimes (a batch's replies mostly
     share theirs)."""
+    if isinstance(reply, str | bytes):  # accepted, for the one recipient as named: its id
+        entry_id, to = reply, plan.names[0]
+    elif int(reply[0]) == 1 and plan.mode == "one":  # accepted: {1, id, name}
+        entry_id, to = reply[1], reply[2]
+    else:
+        return _parse_other(plan, reply)
+    if times is None:
+        return queued_receipt(entry_id, to, ms_to_dt(id_ms(entry_id)))
+    ms = entry_id.partition("-")[0]
+    at = times.get(ms)
+    if at is None:
+        at = times[ms] = ms_to_dt(int(ms))
+    return queued_receipt(entry_id, to, at)
+
+
+def _parse_other(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt]:
+    """parse_send for a refusal, an idempotent replay, or a send with several recipients."""
     kind = int(reply[0])
-    if kind == 1 and plan.mode == "one":  # accepted: {1, id, name}
-        entry_id = reply[1]
-        if times is None:
-            return queued_receipt(entry_id, reply[2], ms_to_dt(id_ms(entry_id)))
-        ms = entry_id.partition("-")[0]
-        at = times.get(ms)
-        if at is None:
-            at = times[ms] = ms_to_dt(int(ms))
-        return queued_receipt(entry_id, reply[2], at)
     if kind == 0:
         _, code, message, limit, current, retry_ms = reply
         raise refusal(str(code), str(message), str(limit), str(current), str(retry_ms))

@@ -16,6 +16,20 @@ local function now_ms()
   return time_ms(redis.call('TIME'))
 end
 
+-- a TIME reply {seconds, microseconds} in milliseconds, as text: cut from TIME's own digits
+-- (writing a 13-digit number out costs Lua more than reading one in)
+local function time_text(t)
+  local us = t[2]
+  local n = #us
+  return t[1] .. (n > 3 and string.sub('00' .. string.sub(us, 1, n - 3), -3) or '000')
+end
+
+-- the Redis clock in milliseconds, as a number and as text (see time_text)
+local function clock()
+  local text = time_text(redis.call('TIME'))
+  return tonumber(text), text
+end
+
 -- the value of field `k` of a stream entry's flat {field, value, ...} list, or nil
 local function field(f, k)
   for i = 1, #f, 2 do if f[i] == k then return f[i + 1] end end

@@ -17,7 +17,8 @@
 --
 -- returns, for one message:
 --         {0, code, message, limit, current, retry_after_ms}      the whole send is refused
---      or {1, id, name}                               a "one" send, accepted (flat: cheaper)
+--      or id                 a "one" send, accepted, to the recipient as named (cheapest)
+--      or {1, id, name}      a "one" send, accepted, to `name` (an agent id or "parent" named)
 --      or {1, id|false, {accepted...}, {name, code, message, limit, current, retry_ms, ...}}
 --      or {2, id, {recipients...}}                                  idempotent replay
 --   for several: a list of those, one per message, in order.
@@ -117,14 +118,16 @@ if count == 1 and ARGV[2] == 'one' and ARGV[10] == '' and ARGV[3] ~= 'parent'
     local pa = family and call('HMGET', parents, sender, name)
     code, msg = check_sender(st[1])
     if code then return refuse(code, msg) end
-    local chained = {}
-    local depth, chain
-    depth, chain, code, msg, limit, current = chain_of(stream, rate, chained, ARGV[8], ARGV[14],
-      ARGV[6], L[14], L[10], L[16])
-    if code then return refuse(code, msg, limit, current) end
+    local chained, depth, chain = nil, 0, ''
+    if ARGV[8] ~= '' or ARGV[14] ~= '' then -- a reply, or sent while handling a message
+      chained = {}
+      depth, chain, code, msg, limit, current = chain_of(stream, rate, chained, ARGV[8],
+        ARGV[14], ARGV[6], L[14], L[10], L[16])
+      if code then return refuse(code, msg, limit, current) end
+    end
     if st[2] then
       local queued = tonumber(call('HMGET', inbox, name)[1] or '0')
-      local now = now_ms()
+      local now, now_s = clock()
       local sp, np, dv = '', '', nil
       if pa then sp, np = pa[1] or '', pa[2] or '' end
       if L[12] > 0 then dv = v[6] or false end
@@ -139,7 +142,6 @@ if count == 1 and ARGV[2] == 'one' and ARGV[10] == '' and ARGV[3] ~= 'parent'
       end
       -- every check passed: append, then count (what the general path's last step writes)
       local id = append(0, name, depth, chain, false)
-      local now_s = now .. ''
       local kv, n = {'#sent', ((sent or 0) + 1) .. ''}, 2
       if tokens then kv[n + 1], kv[n + 2], n = pf, bucket_value(tokens, now_s), n + 2 end
       if dv ~= nil then
@@ -153,7 +155,7 @@ if count == 1 and ARGV[2] == 'one' and ARGV[10] == '' and ARGV[3] ~= 'parent'
       if s_tokens then kv[n + 1], kv[n + 2], n = sf, bucket_value(s_tokens, now_s), n + 2 end
       call('HSET', rate, unpack(kv, 1, n))
       call('HSET', inbox, name, (queued + 1) .. '')
-      return {1, id, name}
+      return id
     end
   end
 end
@@ -257,8 +259,7 @@ local family = not open_routing
 
 -- one clock reading for the whole call (a 13-digit integer, which Lua writes out in full
 -- wherever it is concatenated)
-local now = now_ms()
-local now_s = now .. '' -- converted once: number to string is one of Lua's slower steps
+local now, now_s = clock() -- (the text converted once: one of Lua's slower steps)
 -- the same numbers recur across a broadcast's recipients (equal inbox depths): each is
 -- converted once per call
 local digits = {}
@@ -640,7 +641,7 @@ local function plain(base, sender, name)
   end
   if s_tokens then spend(cached, dirty, sfield, s_tokens, now_s) end
   sent_any = true
-  return {1, append(base, name, depth, chain, false), name}
+  return append(base, name, depth, chain, false)
 end
 
 local result
