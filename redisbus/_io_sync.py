@@ -269,7 +269,8 @@ class IO:
         settle_keys = keys.settle
         post = None
         if mark_after is not None:
-            post = [group, "n", f"{mark_after}\n{consumer}\n{replay_keep_ms}"]
+            keep = f"\n{replay_keep_ms}" if replay_keep_ms else ""  # signing on: see settle.lua
+            post = [group, "n", f"{mark_after}\n{consumer}{keep}"]
         replayed: builtins.list[str] = []
         for _ in range(3):
             try:
@@ -288,7 +289,7 @@ class IO:
                 out = self.call(self._on_lane, self.fetch_lane, commands)
                 res = out[1 if settle else 0]
                 now = out[-1][1:3] if post else out[-1]
-                if post:
+                if post and len(out[-1]) > 3:  # settle.lua rejected some
                     replayed = out[-1][3]
                 break
             except RedisbusError as e:

@@ -23,7 +23,8 @@
 --
 -- returns the number of ops that changed something; a call that starts with an "n" op returns
 -- {that number, seconds, microseconds, {replayed entry ids}}: the Redis clock it read, which
--- the fetch needs (the wait path then sends no TIME of its own), and what it rejected
+-- the fetch needs (the wait path then sends no TIME of its own), and what it rejected (left
+-- out when it rejected nothing)
 --
 -- The wait path sends this around its XREADGROUP in one pipeline: the deferred ops before it,
 -- an "n" op right after it, so the messages a wake-up returns are read at once (receipts and
@@ -32,7 +33,8 @@
 local stream, inbox, marks, status, agent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local nonces, nonce_at = KEYS[5], KEYS[6]
 local t = redis.call('TIME')
-local now = time_ms(t)
+local now_s = time_text(t) -- marks carry it as text
+local now = tonumber(now_s)
 local changed = 0
 local replayed = {}
 -- set when an entry was rejected: an entry a raw XADD wrote (an attack) was never counted in,
@@ -44,7 +46,7 @@ local function reject(id, reason)
   if redis.call('XACK', stream, agent, id) == 1 then
     redis.call('HINCRBY', inbox, agent, -1)
     clamp = true
-    redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':' .. reason)
+    redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now_s .. ':' .. reason)
     return 1
   end
   return 0
@@ -55,18 +57,22 @@ for i = 2, #ARGV, 2 do
   if op == 'a' then
     changed = changed + redis.call('XACK', stream, agent, id)
   elseif op == 'r' then
-    changed = changed + redis.call('HSETNX', marks, id .. '\n' .. agent, 'R' .. now)
+    changed = changed + redis.call('HSETNX', marks, id .. '\n' .. agent, 'R' .. now_s)
   elseif op == 'x' or op == 'd' then
     if redis.call('XACK', stream, agent, id) == 1 then
       redis.call('HINCRBY', inbox, agent, -1)
-      local mark = 'X' .. now
-      if op == 'd' then mark = 'D' .. now .. ':' .. now .. ':' .. now .. ':' end
+      local mark = 'X' .. now_s
+      if op == 'd' then mark = 'D' .. now_s .. ':' .. now_s .. ':' .. now_s .. ':' end
       redis.call('HSET', marks, id .. '\n' .. agent, mark)
       changed = changed + 1
     end
   elseif op == 'n' then
-    local after, consumer, keep = string.match(id, '^([^\n]*)\n([^\n]*)\n?(%d*)$')
-    keep = tonumber(keep) or 0
+    local sep = string.find(id, '\n', 1, true)
+    local after, consumer, keep = string.sub(id, 1, sep - 1), string.sub(id, sep + 1), 0
+    local sep2 = string.find(consumer, '\n', 1, true)
+    if sep2 then -- (a KEEP_MS of 0 may be left out)
+      consumer, keep = string.sub(consumer, 1, sep2 - 1), tonumber(string.sub(consumer, sep2 + 1)) or 0
+    end
     local me, got = '\n' .. agent .. '\n', false
     for _, p in ipairs(redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)) do
       local eid = p[1]
@@ -85,11 +91,11 @@ for i = 2, #ARGV, 2 do
           changed = changed + reject(eid, 'replay')
           replayed[#replayed + 1] = eid
         elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
-          changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now)
+          changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s)
           got = true
         elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
           redis.call('HINCRBY', inbox, agent, -1)
-          redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now)
+          redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
           changed = changed + 1
         end
       end
@@ -121,5 +127,8 @@ if clamp then
     redis.call('HSET', inbox, agent, held)
   end
 end
-if ARGV[2] == 'n' then return {changed, t[1], t[2], replayed} end
+if ARGV[2] == 'n' then
+  if replayed[1] then return {changed, t[1], t[2], replayed} end
+  return {changed, t[1], t[2]}
+end
 return changed
