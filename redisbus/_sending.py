@@ -275,7 +275,7 @@ def parse_send(
     """Raise for a refused send; otherwise the receipt (one recipient) or receipts.
     ``times``: entry-id milliseconds already turned into datetimes (a batch's replies mostly
     share theirs)."""
-    if isinstance(reply, str | bytes):  # accepted, for the one recipient as named: its id
+    if isinstance(reply, str):  # accepted, for the one recipient as named: its entry id
         entry_id, to = reply, plan.names[0]
     elif int(reply[0]) == 1 and plan.mode == "one":  # accepted: {1, id, name}
         entry_id, to = reply[1], reply[2]

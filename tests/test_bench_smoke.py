@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -102,3 +103,21 @@ def test_the_receive_side_wake_up_case_gets_every_bare_xadd(redis7: Server) -> N
     # then: the receiver woke for every copy, each a whole message (its body's stamp parsed)
     assert got["missed"] == 0
     assert 0 < got["p50_us"] <= got["p99_us"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is a developer tool")
+def test_bench_instructions_counts_each_call() -> None:
+    # the instruction counts (bench/instructions.py) run and print one positive count per call
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.instructions"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
+    counts = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in rows}
+    assert set(counts) == {"send", "batch, per message", "wake n op"}
+    assert all(int(v.replace(",", "")) > 10_000 for v in counts.values()), counts

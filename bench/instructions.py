@@ -1,0 +1,236 @@
+"""``python -m bench.instructions``: the server's instructions per script call, counted.
+
+On a shared machine a script's server µs move by a third between runs, more than most changes
+to it. The number of instructions the server runs for it does not: this runs ``redis-server``
+under valgrind's callgrind (``--hz 1``, so its timers add next to nothing), replays one real
+call of each script below 1,000 times in pipelines, and prints the instructions per call
+(valgrind's ``Ir``, the call's share of reading the pipeline included). The counts are
+repeatable to about 0.5%; instructions are not time (a cache miss costs more than an add), but
+a change that runs fewer of them on the same path is cheaper.
+
+- ``send``: one ``send()`` to one member (the straight path of ``send.lua``), every limit on;
+- ``batch``: ``send_many`` of 100 such messages, per message;
+- ``wake n op``: the ``"n"`` op that ``wait()``'s fetch runs right after its ``XREADGROUP``
+  (``settle.lua``), replayed on one pending entry.
+
+``--against DIR`` counts the same calls with the ``redisbus`` package found in DIR (an older
+checkout, say) in the same run, for a before/after table. Needs ``valgrind`` and
+``redis-server`` on PATH (Debian: ``apt-get install valgrind redis-server``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+CALLS = 1_000
+BATCH = 100
+HIGH = 1_000_000_000
+LIMITS: dict[str, Any] = {
+    "routing": "open",
+    "inbox_cap": HIGH,
+    "pair_rate_burst": HIGH,
+    "pair_rate_per_s": HIGH,
+    "sender_rate_burst": HIGH,
+    "sender_rate_per_s": HIGH,
+}
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _server(out: str) -> Iterator[tuple[int, int]]:
+    """redis-server under callgrind, collecting only between -z and -d: (port, pid)."""
+    port = _port()
+    proc = subprocess.Popen(
+        [
+            *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"),
+            *("redis-server", "--port", str(port), "--save", "", "--appendonly", "no"),
+            *("--hz", "1"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        import redis
+
+        r = redis.Redis(port=port)
+        for _ in range(300):
+            with contextlib.suppress(redis.ConnectionError):
+                r.ping()
+                break
+            time.sleep(0.1)
+        r.close()
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _count(pid: int, out: str, dump: int, run: Callable[[], None]) -> float:
+    """Instructions of ``run()``, from a zeroed counter to dump number ``dump``."""
+    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    run()
+    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+    path = f"{out}.{pid}.{dump}"
+    for _ in range(300):
+        if os.path.exists(path):
+            m = re.search(r"^totals: (\d+)", Path(path).read_text(), re.M)
+            if m:
+                return float(m.group(1))
+        time.sleep(0.1)
+    raise RuntimeError(f"callgrind wrote no dump {path}")
+
+
+def _captured(fn: Callable[[], Any]) -> tuple[Any, ...]:
+    """The command ``fn()`` sent on the sync face's lane (its first, for a pipeline)."""
+    from redisbus import _redis
+
+    seen: list[tuple[Any, ...]] = []
+    run, run_many = _redis.Lane.run, _redis.Lane.run_many
+
+    def one(self: Any, *args: Any) -> Any:
+        seen.append(args)
+        return run(self, *args)
+
+    def many(self: Any, commands: list[tuple[Any, ...]]) -> Any:
+        seen.append(commands[0])
+        return run_many(self, commands)
+
+    _redis.Lane.run, _redis.Lane.run_many = one, many  # type: ignore[method-assign]
+    try:
+        fn()
+    finally:
+        _redis.Lane.run, _redis.Lane.run_many = run, run_many  # type: ignore[method-assign]
+    return seen[-1]
+
+
+def _pipelined(fn: Callable[[], Any]) -> list[tuple[Any, ...]]:
+    """The commands of the last pipeline ``fn()`` sent on a sync lane."""
+    from redisbus import _redis
+
+    seen: list[list[tuple[Any, ...]]] = []
+    run_many = _redis.Lane.run_many
+
+    def many(self: Any, commands: list[tuple[Any, ...]]) -> Any:
+        seen.append(list(commands))
+        return run_many(self, commands)
+
+    _redis.Lane.run_many = many  # type: ignore[method-assign]
+    try:
+        fn()
+    finally:
+        _redis.Lane.run_many = run_many  # type: ignore[method-assign]
+    return seen[-1]
+
+
+def worker() -> dict[str, float]:
+    """Count each call, in this process's ``redisbus``."""
+    import redis
+
+    from redisbus import Bus
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cg = os.path.join(tmp, "cg")
+        with _server(cg) as (port, pid):
+            r = redis.Redis(port=port, decode_responses=True)
+            bus = Bus.from_url(f"redis://127.0.0.1:{port}/0")
+            ch = bus.channel("bench-ir", **LIMITS)
+            alice, bob = ch.join("alice"), ch.join("bob")
+            for _ in range(50):
+                alice.send("bob", "x" * 64, subject="s")
+            send = _captured(lambda: alice.send("bob", "x" * 64, subject="s"))
+            batch = _captured(lambda: alice.send_many([("bob", "x" * 64)] * BATCH))
+            # the "n" op of bob's next fetch, replayed on the entry it fetched (left pending)
+            w = bob.wait(5)
+            bob.mark_done(w.messages)
+            alice.send("bob", "y", subject="s")
+            fetch = _pipelined(lambda: bob.wait(5))
+            n_op = next(c for c in reversed(fetch) if c[0] == "EVALSHA" and "n" in c)
+            keys = bob._keys
+            for dump, (name, cmd, per) in enumerate(
+                (
+                    ("send", send, 1),
+                    ("batch, per message", batch, BATCH),
+                    ("wake n op", n_op, 1),
+                ),
+                start=1,
+            ):
+                calls = CALLS if per == 1 else CALLS // BATCH
+
+                def replay(cmd: tuple[Any, ...] = cmd, calls: int = calls) -> None:
+                    pipe = r.pipeline(transaction=False)
+                    for _ in range(calls):
+                        pipe.execute_command(*cmd)
+                    pipe.execute(raise_on_error=False)
+
+                replay()  # warm
+                out[name] = _count(pid, cg, dump, replay) / (calls * per)
+                r.xtrim(keys.stream, maxlen=1_000)
+            bus.close()
+            r.close()
+    return out
+
+
+def _run(package_dir: Path) -> dict[str, float]:
+    """:func:`worker` in a fresh process that imports ``redisbus`` from ``package_dir``."""
+    env = dict(os.environ, PYTHONPATH=str(package_dir))
+    code = (
+        "import runpy, sys; sys.argv = ['instructions', '--worker']; "
+        f"runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')"
+    )
+    with tempfile.TemporaryDirectory() as cwd:  # nothing of this checkout on the path but DIR
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=cwd
+        )
+    if done.returncode:
+        raise SystemExit(f"counting with {package_dir} failed:\n{done.stderr}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
+    p.add_argument("--against", metavar="DIR", help="also count with the redisbus in DIR")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker()))
+        return 0
+    missing = [t for t in ("valgrind", "callgrind_control", "redis-server") if not shutil.which(t)]
+    if missing:
+        print(f"needs {', '.join(missing)} on PATH", file=sys.stderr)
+        return 2
+    sides = [("this checkout", Path(__file__).resolve().parent.parent)]
+    if args.against:
+        sides.insert(0, (args.against, Path(args.against).resolve()))
+    results = [(label, _run(path)) for label, path in sides]
+    names = list(results[-1][1])
+    print("| call | " + " | ".join(label for label, _ in results) + " |")
+    print("|---|" + "---|" * len(results))
+    for name in names:
+        cells = [f"{res[name]:,.0f}" for _, res in results]
+        if len(results) == 2:
+            cells[-1] += f" ({results[1][1][name] / results[0][1][name] - 1:+.1%})"
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
