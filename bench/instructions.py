@@ -10,6 +10,7 @@ a change that runs fewer of them on the same path is cheaper.
 
 - ``send``: one ``send()`` to one member (the straight path of ``send.lua``), every limit on;
 - ``batch``: ``send_many`` of 100 such messages, per message;
+- ``broadcast``: ``send("all", ...)`` to the 100 other members (``send.lua``'s general routine);
 - ``wake n op``: the ``"n"`` op that ``wait()``'s fetch runs right after its ``XREADGROUP``
   (``settle.lua``), replayed on one pending entry.
 
@@ -154,10 +155,17 @@ def worker() -> dict[str, float]:
             bus = Bus.from_url(f"redis://127.0.0.1:{port}/0")
             ch = bus.channel("bench-ir", **LIMITS)
             alice, bob = ch.join("alice"), ch.join("bob")
+            crowd = bus.channel("bench-ir-all", **LIMITS)
+            caller = crowd.join("caller")
+            for i in range(BATCH):
+                crowd.join(f"m{i:03d}")
             for _ in range(50):
                 alice.send("bob", "x" * 64, subject="s")
             send = _captured(lambda: alice.send("bob", "x" * 64, subject="s"))
             batch = _captured(lambda: alice.send_many([("bob", "x" * 64)] * BATCH))
+            for _ in range(5):
+                caller.send("all", "x" * 64, subject="s")
+            cast = _captured(lambda: caller.send("all", "x" * 64, subject="s"))
             # the "n" op of bob's next fetch, replayed on the entry it fetched (left pending)
             w = bob.wait(5)
             bob.mark_done(w.messages)
@@ -169,11 +177,14 @@ def worker() -> dict[str, float]:
                 (
                     ("send", send, 1),
                     ("batch, per message", batch, BATCH),
+                    ("broadcast to 100", cast, 1),
                     ("wake n op", n_op, 1),
                 ),
                 start=1,
             ):
                 calls = CALLS if per == 1 else CALLS // BATCH
+                if name.startswith("broadcast"):
+                    calls = CALLS // 10
 
                 def replay(cmd: tuple[Any, ...] = cmd, calls: int = calls) -> None:
                     pipe = r.pipeline(transaction=False)
@@ -184,6 +195,7 @@ def worker() -> dict[str, float]:
                 replay()  # warm
                 out[name] = _count(pid, cg, dump, replay) / (calls * per)
                 r.xtrim(keys.stream, maxlen=1_000)
+                r.xtrim(caller._keys.stream, maxlen=1_000)
             bus.close()
             r.close()
     return out

@@ -266,7 +266,10 @@ class IO:
                     keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
                 ),
             )
-        settle_keys = keys.settle
+        # the nonce keys (the last two) only with signing on: the replay check is all that
+        # reads them (settle.lua), and two keys fewer cost the wake-up less
+        settle_keys = keys.settle if replay_keep_ms else keys.settle[:4]
+        nk = len(settle_keys)
         post = None
         if mark_after is not None:
             keep = f"\n{replay_keep_ms}" if replay_keep_ms else ""  # signing on: see settle.lua
@@ -277,13 +280,13 @@ class IO:
                 sha = self.load("settle") if settle or post else ""
                 commands: builtins.list[tuple[Any, ...]] = []
                 if settle:
-                    commands.append(("EVALSHA", sha, 6, *settle_keys, group, *settle))
+                    commands.append(("EVALSHA", sha, nk, *settle_keys, group, *settle))
                 read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
                 if block_ms is not None:
                     read += ("BLOCK", block_ms)
                 commands.append((*read, "STREAMS", keys.stream, cursor))
                 if post:  # it replies with the Redis clock too
-                    commands.append(("EVALSHA", sha, 6, *settle_keys, *post))
+                    commands.append(("EVALSHA", sha, nk, *settle_keys, *post))
                 else:
                     commands.append(("TIME",))
                 out = self.call(self._on_lane, self.fetch_lane, commands)

@@ -391,6 +391,14 @@ def test_the_read_marks_of_a_wake_up_cost_six_server_commands(logged: Server) ->
         read = ran.index("XREADGROUP")
         assert ran[read + 1 :] == [f"lua:{c}" for c in N_OP] + ["EVALSHA"]
         assert b.receipt(got[0])[0].status == "read"
+        # and with signing off it was not handed the replay check's two keys (settle.lua
+        # reads them only with signing on): stream, inbox, marks, status
+        n_op = [
+            e["command"].split()
+            for e in r.slowlog_get(1000)
+            if e["command"].split()[0].upper() == b"EVALSHA" and b"n" in e["command"].split()
+        ]
+        assert n_op and all(cmd[2] == b"4" for cmd in n_op)
 
 
 async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:

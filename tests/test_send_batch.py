@@ -269,6 +269,42 @@ def test_a_broadcast_to_dozens_checks_each_recipient(private: Server) -> None:
         assert stats.get("cmdstat_hmget", {"calls": 0})["calls"] <= 2  # the sender alone
         # and the rate hash is a hash table (its '#table' field), not a list to scan
         assert r.object("encoding", ch.keys.rate) == "hashtable"
+        # and so is the inbox hash of a channel this size; it holds the members' depths and
+        # nothing else
+        assert r.object("encoding", ch.keys.inbox) == "hashtable"
+        assert set(r.hkeys(ch.keys.inbox)) <= set(members)
+
+
+@pytest.mark.parametrize("members", [12, 40])
+def test_past_16_members_the_inbox_depths_are_a_hash_table_holding_just_the_depths(
+    private: Server, members: int
+) -> None:
+    # given: a channel of a sender and `members` others (Redis keeps a hash of fewer than 512
+    # short fields as a list, where every field a command names is a scan of the list)
+    r = private.client()
+    with Bus.from_url(private.url) as bus:
+        ch = bus.channel(f"bc-table-{members}", routing="open", inbox_cap=1000)
+        s = ch.join("s")
+        names = [f"m{i:02}" for i in range(members)]
+        for name in names:
+            ch.join(name)
+        # then: past 16 members, joining made the inbox depths a hash table (each depth a
+        # send, read mark or broadcast writes is one lookup); a few stay a list
+        table = members + 1 > 16
+        assert r.object("encoding", ch.keys.inbox) == ("hashtable" if table else "listpack")
+        # when: the sender sends one message, then broadcasts
+        s.send("m00", "one before")
+        receipts = s.send("all", "to everyone")
+        # then: every member was counted once more, and the hash holds exactly those depths
+        assert [rc.status for rc in receipts] == ["queued"] * members
+        depths = {"s": 0} | {name: 1 for name in names} | {"m00": 2}
+        assert r.hgetall(ch.keys.inbox) == {k: str(v) for k, v in depths.items()}
+        assert ch.counts() == depths and ch.repair() == {}
+        assert r.object("encoding", ch.keys.inbox) == ("hashtable" if table else "listpack")
+        # and a member who joins again, or reads and marks done, changes only its own depth
+        ch.join("m01")
+        bus.channel(ch.name).join("m01").mark_done(ch.join("m01").read(limit=5))
+        assert ch.counts() == depths | {"m01": 0}
 
 
 @pytest.mark.parametrize("face", ["sync", "async"])

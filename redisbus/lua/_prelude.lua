@@ -102,3 +102,15 @@ local function trip(meta, rate, who, now)
   redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
 end
 
+
+-- make hash `key` a hash table if Redis still keeps it as a list. Up to
+-- hash-max-listpack-entries fields (512 by default) Redis keeps a hash as a list, where every
+-- field a command names is a scan of them all: at 100 members, each inbox depth a broadcast
+-- writes costs about 10,000 instructions. A value longer than hash-max-listpack-value (64
+-- bytes by default) turns the list into a table, and Redis never turns it back; the field
+-- that carries it (a name no member can have: members' names hold no control characters) is
+-- gone again at once, so the hash holds what it held.
+local function as_table(key)
+  redis.call('HSET', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, one lookup per field')
+  redis.call('HDEL', key, '\n#table')
+end

@@ -3,6 +3,8 @@
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] status
 -- KEYS[5] nonces (hash "kid:nonce" -> the first entry id that carried it)
 -- KEYS[6] nonce times (sorted set "kid:nonce" by the ms it was recorded: what to forget)
+--         (KEYS[5] and KEYS[6] are read only by an "n" op with KEEP_MS > 0: a caller with
+--         signing off may leave them out)
 -- ARGV[1] agent (its group)
 -- ARGV[2..] pairs: op, entry id, where op is
 --   "a"  acknowledge an entry not addressed to the agent (it only advanced the group cursor)
@@ -36,16 +38,19 @@ local t = redis.call('TIME')
 local now_s = time_text(t) -- marks carry it as text
 local now = tonumber(now_s)
 local changed = 0
-local replayed = {}
+local replayed = nil -- the entries an "n" op rejected as replays (made on the first)
 -- set when an entry was rejected: an entry a raw XADD wrote (an attack) was never counted in,
 -- so the count is kept, at the end, at least what the group still holds pending (repair.lua
 -- gives the exact count)
 local clamp = false
 
-local function reject(id, reason)
+-- reject entry `id` that failed a check, for `reason`: acknowledged, the inbox counted down,
+-- marked "J<ms>:REASON" (its receipt says rejected). Returns 1 when it was pending. (Its
+-- arguments are passed, not seen from the script: a function that sees the script's locals
+-- costs more to make, and every call of the script makes it.)
+local function reject(stream, inbox, marks, agent, id, reason, now_s)
   if redis.call('XACK', stream, agent, id) == 1 then
     redis.call('HINCRBY', inbox, agent, -1)
-    clamp = true
     redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now_s .. ':' .. reason)
     return 1
   end
@@ -88,7 +93,9 @@ for i = 2, #ARGV, 2 do
         if not string.find('\n' .. to .. '\n', me, 1, true) then
           changed = changed + redis.call('XACK', stream, agent, eid)
         elseif keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
-          changed = changed + reject(eid, 'replay')
+          local n = reject(stream, inbox, marks, agent, eid, 'replay', now_s)
+          changed, clamp = changed + n, clamp or n == 1
+          if not replayed then replayed = {} end
           replayed[#replayed + 1] = eid
         elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
           changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s)
@@ -112,7 +119,8 @@ for i = 2, #ARGV, 2 do
       if s == 'waiting' or s == 'idle' then redis.call('HSET', status, agent, 'running') end
     end
   elseif string.sub(op, 1, 2) == 'j:' then
-    changed = changed + reject(id, string.sub(op, 3))
+    local n = reject(stream, inbox, marks, agent, id, string.sub(op, 3), now_s)
+    changed, clamp = changed + n, clamp or n == 1
   elseif op == 's' then
     local s = redis.call('HGET', status, agent)
     if (s == 'running' or s == 'waiting' or s == 'idle') and s ~= id then
@@ -128,7 +136,7 @@ if clamp then
   end
 end
 if ARGV[2] == 'n' then
-  if replayed[1] then return {changed, t[1], t[2], replayed} end
+  if replayed then return {changed, t[1], t[2], replayed} end
   return {changed, t[1], t[2]}
 end
 return changed
