@@ -289,9 +289,13 @@ def test_past_16_members_the_inbox_depths_are_a_hash_table_holding_just_the_dept
         for name in names:
             ch.join(name)
         # then: past 16 members, joining made the inbox depths a hash table (each depth a
-        # send, read mark or broadcast writes is one lookup); a few stay a list
+        # send, read mark or broadcast writes is one lookup), and so did the statuses every
+        # wake-up reads and writes; a few stay lists
         table = members + 1 > 16
         assert r.object("encoding", ch.keys.inbox) == ("hashtable" if table else "listpack")
+        assert r.object("encoding", ch.keys.status) == ("hashtable" if table else "listpack")
+        statuses = r.hgetall(ch.keys.status)
+        assert statuses == {n: "running" for n in ["s", *names]}
         # when: the sender sends one message, then broadcasts
         s.send("m00", "one before")
         receipts = s.send("all", "to everyone")

@@ -77,8 +77,12 @@ redis.call('HSET', parents, name, parent)
 redis.call('HSET', status, name, 'running')
 redis.call('HSET', ids, new_id, name)
 redis.call('HSETNX', inbox, name, 0)
--- every send, read mark, mark done and broadcast writes inbox depths: past a few members, a
--- hash table (as_table) instead of a list to scan
-if redis.call('HLEN', inbox) > 16 then as_table(inbox) end
+-- every send, read mark, mark done and broadcast writes inbox depths, and every wake-up
+-- reads and writes its agent's status: past a few members, hash tables (as_table) instead of
+-- lists to scan
+if redis.call('HLEN', inbox) > 16 then
+  as_table(inbox)
+  as_table(status)
+end
 redis.call('HSET', beat, name .. '\n' .. replica, now + lease)
 return {1, new_id, depth, parent, 'running', 1}
