@@ -15,7 +15,15 @@ from redis import exceptions as rx
 
 from ._errors import BusClosed, BusConnectionError, RedisbusError
 from ._keys import ChannelKeys
-from ._redis import Lane, backoff_s, classify, routed_failure, stream_entries
+from ._redis import (
+    Lane,
+    backoff_s,
+    classify,
+    fetch_commands,
+    fetch_result,
+    routed_failure,
+    stream_entries,
+)
 from ._scripts import source
 from ._settings import BusSettings
 
@@ -254,10 +262,9 @@ class IO:
         replay_keep_ms: int = 0,
     ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
-        with the deferred ``settle`` ops before it and, with ``mark_after`` (the last entry id
-        this consumer fetched before), the "n" op right after it: what the fetch returns is
-        marked read on the server before the reply comes back, and the op's reply carries the
-        clock (else a TIME follows the read)."""
+        with the deferred ``settle`` ops before it and, with ``mark_after``, the "n" op right
+        after it (``_redis.fetch_commands``, one source for both faces): what the fetch returns
+        is marked read on the server before the reply comes back."""
         self.check_open()
         if self.cluster:
             return self._routed(  # type: ignore[no-any-return]
@@ -266,45 +273,20 @@ class IO:
                     keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
                 ),
             )
-        # the nonce keys (the last two) only with signing on: the replay check is all that
-        # reads them (settle.lua), and two keys fewer cost the wake-up less
-        settle_keys = keys.settle if replay_keep_ms else keys.settle[:4]
-        nk = len(settle_keys)
-        post = None
-        if mark_after is not None:
-            keep = f"\n{replay_keep_ms}" if replay_keep_ms else ""  # signing on: see settle.lua
-            post = [group, "n", f"{mark_after}\n{consumer}{keep}"]
-        replayed: builtins.list[str] = []
         for _ in range(3):
             try:
-                sha = self.load("settle") if settle or post else ""
-                commands: builtins.list[tuple[Any, ...]] = []
-                if settle:
-                    commands.append(("EVALSHA", sha, nk, *settle_keys, group, *settle))
-                read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
-                if block_ms is not None:
-                    read += ("BLOCK", block_ms)
-                commands.append((*read, "STREAMS", keys.stream, cursor))
-                if post:  # it replies with the Redis clock too
-                    commands.append(("EVALSHA", sha, nk, *settle_keys, *post))
-                else:
-                    commands.append(("TIME",))
+                sha = self.load("settle") if settle or mark_after is not None else ""
+                commands = fetch_commands(
+                    sha, keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
+                )
                 out = self.call(self._on_lane, self.fetch_lane, commands)
-                res = out[1 if settle else 0]
-                now = out[-1][1:3] if post else out[-1]
-                if post and len(out[-1]) > 3:  # settle.lua rejected some
-                    replayed = out[-1][3]
                 break
             except RedisbusError as e:
                 if not isinstance(e.__cause__, rx.NoScriptError):
                     raise
         else:
             raise RedisbusError("could not load scripts")
-        entries = stream_entries(res)
-        if replayed:  # settle.lua rejected them: never handed over
-            gone = set(replayed)
-            entries = [e for e in entries if e[0] not in gone]
-        return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed)
+        return fetch_result(out, bool(settle), mark_after is not None)
 
     def _by_node(
         self,

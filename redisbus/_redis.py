@@ -571,3 +571,55 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
             f = dict(zip(pairs, pairs, strict=True))
         out.append((entry_id, f or None))
     return out
+
+
+def fetch_commands(
+    sha: str,
+    keys: Any,
+    group: str,
+    consumer: str,
+    cursor: str,
+    block_ms: int | None,
+    settle: list[str] | None,
+    mark_after: str | None,
+    replay_keep_ms: int,
+) -> list[tuple[Any, ...]]:
+    """The commands of one fetch, sent in one trip by either face: the deferred ``settle`` ops
+    (settle.lua, ``sha``), the XREADGROUP (blocking when ``block_ms``) of ``keys.stream`` as
+    ``consumer`` of ``group`` from ``cursor``, then, with ``mark_after`` (the last entry id
+    this consumer fetched before), the "n" op that marks what the read returns read on the
+    server before the reply comes back and replies with the Redis clock; else a TIME. The
+    replay check's two keys go only with signing on (``replay_keep_ms``): nothing else reads
+    them, and two keys fewer cost every wake-up less."""
+    settle_keys = keys.settle if replay_keep_ms else keys.settle[:4]
+    nk = len(settle_keys)
+    commands: list[tuple[Any, ...]] = []
+    if settle:
+        commands.append(("EVALSHA", sha, nk, *settle_keys, group, *settle))
+    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+    if block_ms is not None:
+        read += ("BLOCK", block_ms)
+    commands.append((*read, "STREAMS", keys.stream, cursor))
+    if mark_after is None:
+        commands.append(("TIME",))
+    else:
+        keep = f"\n{replay_keep_ms}" if replay_keep_ms else ""  # signing on: see settle.lua
+        op = f"{mark_after}\n{consumer}{keep}"
+        commands.append(("EVALSHA", sha, nk, *settle_keys, group, "n", op))
+    return commands
+
+
+def fetch_result(
+    out: list[Any], settled: bool, marked: bool
+) -> tuple[list[tuple[str, dict[str, str] | None]], int, int]:
+    """The replies of :func:`fetch_commands` (``settled``: it had settle ops; ``marked``: an
+    "n" op): the entries (less those settle.lua rejected as replays: never handed over), the
+    Redis clock in ms, and how many it rejected."""
+    entries = stream_entries(out[1 if settled else 0])
+    last = out[-1]
+    now = last[1:3] if marked else last
+    replayed = last[3] if marked and len(last) > 3 else []
+    if replayed:
+        gone = set(replayed)
+        entries = [e for e in entries if e[0] not in gone]
+    return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed)
