@@ -119,5 +119,5 @@ def test_bench_instructions_counts_each_call() -> None:
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
     counts = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in rows}
-    assert set(counts) == {"send", "batch, per message", "wake n op"}
+    assert set(counts) == {"send", "batch, per message", "broadcast to 100", "wake n op"}
     assert all(int(v.replace(",", "")) > 10_000 for v in counts.values()), counts
