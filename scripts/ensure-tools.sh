@@ -2,7 +2,8 @@
 # Install the Debian packages the test suite needs, when their commands are missing.
 #
 #   scripts/ensure-tools.sh [PACKAGE...]
-#       default: redis-server prometheus docker-compose chromium chromium-driver
+#       default: redis-server prometheus docker-compose chromium chromium-driver (tests/run.py
+#       asks for valgrind too, for the bench.instructions smoke test)
 #
 # Idempotent and non-interactive. No service is started: the packages' maintainer scripts
 # would launch a system Redis on :6379 or Prometheus on :9090, but the tests start their own

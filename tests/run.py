@@ -20,6 +20,8 @@ def ensure_tools() -> None:
         "docker-compose": "docker-compose",
         "chromium": "chromium",  # the console's browser tests
         "chromedriver": "chromium-driver",
+        "valgrind": "valgrind",  # bench.instructions' smoke test (callgrind)
+        "callgrind_control": "valgrind",
     }
     absent = sorted({pkg for tool, pkg in wanted.items() if shutil.which(tool) is None})
     if not absent or not os.environ.get("CI"):
