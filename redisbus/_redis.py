@@ -24,6 +24,7 @@ from redis import exceptions as rx
 from redis._parsers.base import BaseParser
 
 from ._errors import BusConnectionError, InvalidInput, RedisbusError, UnknownAgent
+from ._keys import ChannelKeys
 from ._settings import BusSettings
 
 Action = Literal["retry", "reload", "raise"]
@@ -575,7 +576,7 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
 
 def fetch_commands(
     sha: str,
-    keys: Any,
+    keys: ChannelKeys,
     group: str,
     consumer: str,
     cursor: str,

@@ -102,7 +102,6 @@ local function trip(meta, rate, who, now)
   redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
 end
 
-
 -- make hash `key` a hash table if Redis still keeps it as a list. Up to
 -- hash-max-listpack-entries fields (512 by default) Redis keeps a hash as a list, where every
 -- field a command names is a scan of them all: at 100 members, each inbox depth a broadcast
