@@ -56,14 +56,16 @@ def _port() -> int:
 
 
 @contextlib.contextmanager
-def _server(out: str) -> Iterator[tuple[int, int]]:
+def _server(
+    out: str, port: int | None = None, extra: tuple[str, ...] = ()
+) -> Iterator[tuple[int, int]]:
     """redis-server under callgrind, collecting only between -z and -d: (port, pid)."""
-    port = _port()
+    port = port or _port()
     proc = subprocess.Popen(
         [
             *("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"),
             *("redis-server", "--port", str(port), "--save", "", "--appendonly", "no"),
-            *("--hz", "1"),
+            *("--hz", "1", *extra),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -201,11 +203,138 @@ def worker() -> dict[str, float]:
     return out
 
 
-def _run(package_dir: Path) -> dict[str, float]:
-    """:func:`worker` in a fresh process that imports ``redisbus`` from ``package_dir``."""
+def _count_all(
+    pids: list[int], out: str, dumps: dict[int, int], run: Callable[[], Any]
+) -> list[float]:
+    """Instructions of ``run()`` on each server of ``pids`` (zeroed together, dumped together);
+    ``dumps`` numbers each server's dumps."""
+    for pid in pids:
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+    run()
+    counts = []
+    for pid in pids:
+        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+        dumps[pid] = dumps.get(pid, 0) + 1
+        path = f"{out}.{pid}.{dumps[pid]}"
+        for _ in range(300):
+            if os.path.exists(path):
+                m = re.search(r"^totals: (\d+)", Path(path).read_text(), re.M)
+                if m:
+                    counts.append(float(m.group(1)))
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"callgrind wrote no dump {path}")
+    return counts
+
+
+#: The fleet of ``--fleet``: channels of AGENTS agents, one turn of every agent to warm up,
+#: then FLEET_CYCLES counted (the cycle of ``bench.scale_load``: send, wait(), mark_done).
+FLEET_CHANNELS, AGENTS, FLEET_CYCLES = 30, 10, 600
+CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "60000")
+
+
+@contextlib.contextmanager
+def _cluster(out: str, tmp: str, shards: int) -> Iterator[list[tuple[int, int]]]:
+    """``shards`` cluster-mode primaries under callgrind, every slot served, no replicas
+    (one server has none either): [(port, pid)] in slot order."""
+    from bench.cluster import SLOTS, _cluster_info, _wait, cluster_port
+
+    with contextlib.ExitStack() as stack:
+        nodes = []
+        for i in range(shards):
+            d = os.path.join(tmp, f"node{i}")
+            os.makedirs(d)
+            extra = (*CLUSTER_ARGS, "--dir", d, "--cluster-config-file", "nodes.conf")
+            nodes.append(stack.enter_context(_server(out, cluster_port(), extra)))
+        import redis
+
+        clients = [redis.Redis(port=p, decode_responses=True, socket_timeout=60) for p, _ in nodes]
+        for i, c in enumerate(clients):
+            c.execute_command(
+                "CLUSTER ADDSLOTS", *range(i * SLOTS // shards, (i + 1) * SLOTS // shards)
+            )
+        for c in clients[1:]:
+            c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0][0])
+
+        def ok() -> bool:
+            return all(str(_cluster_info(p).get("cluster_state")) == "ok" for p, _ in nodes)
+
+        _wait(ok, 120, "cluster state ok on every node")
+        for c in clients:
+            c.close()
+        yield nodes
+
+
+def _fleet_run(url: str, cluster: bool, pids: list[int], out: str) -> dict[str, float]:
+    """The fleet's counted cycles on one topology: instructions per message, in all and on
+    the busiest server, less what the servers run idle over as long."""
+    from redisbus import Bus, BusSettings
+
+    quiet = BusSettings(heartbeat_s=3600.0, agent_lease_s=7200.0)
+    dumps: dict[int, int] = {}
+    with Bus.from_url(url, cluster=cluster, settings=quiet) as bus:
+        fleet = []
+        for c in range(FLEET_CHANNELS):
+            ch = bus.channel(f"ir-fleet-c{c}", **LIMITS)
+            fleet.append([ch.join(f"a{j}") for j in range(AGENTS)])
+
+        def cycle(step: int) -> None:
+            members = fleet[step % len(fleet)]
+            turn = step // len(fleet)
+            a, b = members[turn % AGENTS], members[(turn + 1) % AGENTS]
+            a.send(b.name, "x" * 64, subject="s")
+            got = b.wait(timeout=30).messages
+            if len(got) != 1:
+                raise RuntimeError(f"{b.name} woke with {len(got)} messages, not 1")
+            b.mark_done(got)
+
+        warm = FLEET_CHANNELS * AGENTS
+        for step in range(warm):
+            cycle(step)
+        t0 = time.perf_counter()
+
+        def load() -> None:
+            for step in range(warm, warm + FLEET_CYCLES):
+                cycle(step)
+
+        counts = _count_all(pids, out, dumps, load)
+        wall = time.perf_counter() - t0
+        idle = _count_all(pids, out, dumps, lambda: time.sleep(min(wall, 10.0)))
+    rates = [x / min(wall, 10.0) for x in idle]
+    net = [c - r * wall for c, r in zip(counts, rates, strict=True)]
+    return {
+        "per_msg": sum(net) / FLEET_CYCLES,
+        "busiest_share": max(net) / sum(net),
+        "idle_share": sum(r * wall for r in rates) / sum(counts),
+        **{f"server{i}": x / FLEET_CYCLES for i, x in enumerate(net)},
+    }
+
+
+def fleet() -> dict[str, dict[str, float]]:
+    """Server instructions per message of the fleet's cycle on one server, a 1-shard Cluster
+    and a 3-shard Cluster, in this process's ``redisbus``."""
+    out: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cg = os.path.join(tmp, "cg")
+        with _server(cg) as (port, pid):
+            out["one server"] = _fleet_run(f"redis://127.0.0.1:{port}/0", False, [pid], cg)
+        for shards in (1, 3):
+            with _cluster(cg, os.path.join(tmp, f"c{shards}"), shards) as nodes:
+                url = f"redis://127.0.0.1:{nodes[0][0]}/0"
+                label = f"{shards}-shard Cluster"
+                out[label] = _fleet_run(url, True, [pid for _, pid in nodes], cg)
+    return out
+
+
+def _run(package_dir: Path, mode: str = "--worker") -> Any:
+    """:func:`worker` (or, with ``--fleet-worker``, :func:`fleet`) in a fresh process that
+    imports ``redisbus`` from ``package_dir``."""
     env = dict(os.environ, PYTHONPATH=str(package_dir))
+    bench_dir = str(Path(__file__).resolve().parent.parent)
     code = (
-        "import runpy, sys; sys.argv = ['instructions', '--worker']; "
+        f"import runpy, sys; sys.argv = ['instructions', {mode!r}]; "
+        f"sys.path.append({bench_dir!r}); "
         f"runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')"
     )
     with tempfile.TemporaryDirectory() as cwd:  # nothing of this checkout on the path but DIR
@@ -214,16 +343,36 @@ def _run(package_dir: Path) -> dict[str, float]:
         )
     if done.returncode:
         raise SystemExit(f"counting with {package_dir} failed:\n{done.stderr}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _print_table(head: str, results: list[tuple[str, dict[str, float]]]) -> None:
+    names = list(results[-1][1])
+    print(f"| {head} | " + " | ".join(label for label, _ in results) + " |")
+    print("|---|" + "---|" * len(results))
+    for name in names:
+        cells = [f"{res[name]:,.0f}" for _, res in results]
+        if len(results) == 2:
+            cells[-1] += f" ({results[1][1][name] / results[0][1][name] - 1:+.1%})"
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
     p.add_argument("--against", metavar="DIR", help="also count with the redisbus in DIR")
+    p.add_argument(
+        "--fleet",
+        action="store_true",
+        help="count the fleet's message cycle on one server and on 1- and 3-shard Clusters",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fleet-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker()))
+        return 0
+    if args.fleet_worker:
+        print(json.dumps(fleet()))
         return 0
     missing = [t for t in ("valgrind", "callgrind_control", "redis-server") if not shutil.which(t)]
     if missing:
@@ -232,15 +381,24 @@ def main(argv: list[str] | None = None) -> int:
     sides = [("this checkout", Path(__file__).resolve().parent.parent)]
     if args.against:
         sides.insert(0, (args.against, Path(args.against).resolve()))
-    results = [(label, _run(path)) for label, path in sides]
-    names = list(results[-1][1])
-    print("| call | " + " | ".join(label for label, _ in results) + " |")
-    print("|---|" + "---|" * len(results))
-    for name in names:
-        cells = [f"{res[name]:,.0f}" for _, res in results]
-        if len(results) == 2:
-            cells[-1] += f" ({results[1][1][name] / results[0][1][name] - 1:+.1%})"
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    if not args.fleet:
+        _print_table("call", [(label, _run(path)) for label, path in sides])
+        return 0
+    runs = [(label, _run(path, "--fleet-worker")) for label, path in sides]
+    print(
+        f"Server instructions per message (send, wait(), mark_done), {FLEET_CHANNELS} channels"
+        f" of {AGENTS} agents, {FLEET_CYCLES} messages; busiest server's share:"
+    )
+    print()
+    per_msg = [(label, {t: v["per_msg"] for t, v in res.items()}) for label, res in runs]
+    _print_table("topology", per_msg)
+    one = runs[-1][1]["one server"]["per_msg"]
+    print()
+    for topo, v in runs[-1][1].items():
+        print(
+            f"- {topo}: {v['per_msg'] / one:.3f}x one server, busiest server "
+            f"{v['busiest_share']:.0%} of the instructions"
+        )
     return 0
 
 
