@@ -401,6 +401,65 @@ def test_the_read_marks_of_a_wake_up_cost_six_server_commands(logged: Server) ->
         assert n_op and all(cmd[2] == b"4" for cmd in n_op)
 
 
+@pytest.mark.parametrize("others", [1, 30])
+def test_a_wake_up_passes_over_others_entries_in_the_same_commands(
+    logged: Server, others: int
+) -> None:
+    # given: a channel where `others` messages between two other members came in ahead of
+    # the one for b (a member's group reads every entry of the channel's stream)
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel(f"lane-n-others-{others}", **OPEN)
+        a, b, c = ch.join("a"), ch.join("b"), ch.join("c")
+        a.send("b", "warm up")
+        b.mark_done(b.wait(timeout=1).messages)
+        for i in range(others):
+            a.send("c", f"not for b {i}")
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: b wakes
+        got = b.wait(timeout=1).messages
+        ran = _ran(r)
+        # then: the "n" op read the fetch's entries in one range and acknowledged the others'
+        # in one XACK, whatever their number: the commands of one message plus that XACK
+        assert [m.body for m in got] == ["hello"]
+        read = ran.index("XREADGROUP")
+        n_op = ran[read + 1 : -1]
+        assert n_op == ["lua:TIME", "lua:XPENDING", "lua:XRANGE", "lua:HSETNX", "lua:XACK",
+                        "lua:HGET", "lua:HSET"]  # fmt: skip
+        # and b holds nothing of the others', c still has all of its messages
+        assert r.xpending(b._keys.stream, "b")["pending"] == 1
+        assert b.receipt(got[0])[0].status == "read"
+        assert len(c.read()) == others
+
+
+def test_the_n_op_reads_an_entry_alone_when_another_replicas_fill_the_range(
+    logged: Server,
+) -> None:
+    # given: replica r1 of b took one message, then replica r2 took twenty, then r1 one more
+    # (raw reads, as two processes racing would): r1's two entries are far apart
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-n-cut", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        stream = b._keys.stream
+        first = a.send("b", "first").id
+        r.xreadgroup("b", "r1", {stream: ">"}, count=1)
+        for i in range(20):
+            a.send("b", f"to r2 {i}")
+        r.xreadgroup("b", "r2", {stream: ">"}, count=20)
+        last = a.send("b", "last").id
+        r.xreadgroup("b", "r1", {stream: ">"}, count=1)
+        # when: the "n" op marks what r1 fetched since before its first
+        keys = b._keys.settle[:4]
+        out = r.evalsha(bus._io.load("settle"), 4, *keys, "b", "n", "0-0\nr1")
+        # then: both of r1's entries are read, none of r2's
+        assert out[0] == 2
+        marks = r.hgetall(b._keys.marks)
+        read = {k.split("\n")[0] for k, v in marks.items() if v.startswith("R")}
+        assert read == {first, last}
+
+
 async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
     r = logged.client()
     async with AsyncBus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:

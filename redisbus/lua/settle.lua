@@ -79,33 +79,62 @@ for i = 2, #ARGV, 2 do
       consumer, keep = string.sub(consumer, 1, sep2 - 1), tonumber(string.sub(consumer, sep2 + 1)) or 0
     end
     local me, got = '\n' .. agent .. '\n', false
-    for _, p in ipairs(redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)) do
-      local eid = p[1]
-      local e = redis.call('XRANGE', stream, eid, eid)
-      if e[1] then
-        local to, ttl, sig, f = '', nil, nil, e[1][2]
-        for j = 1, #f, 2 do
-          local k = f[j]
-          if k == 't' then to = f[j + 1]
-          elseif k == 'x' then ttl = tonumber(f[j + 1])
-          elseif k == 'g' then sig = f[j + 1] end
+    local pending = redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)
+    local np = #pending
+    if np > 0 then
+      -- the entries, in one range read: a fetch's entries are consecutive in the stream
+      -- unless another replica's fetch took some in between (those are read and passed
+      -- over; past twice as many, each entry left is read on its own)
+      local fields_of, cut = {}, false
+      if np == 1 then -- (the commonest fetch: one entry)
+        local e = redis.call('XRANGE', stream, pending[1][1], pending[1][1])[1]
+        if e then fields_of[e[1]] = e[2] end
+      else
+        local want, most = {}, 2 * np + 8
+        for i = 1, np do want[pending[i][1]] = true end
+        local rows = redis.call('XRANGE', stream, pending[1][1], pending[np][1], 'COUNT', most)
+        for i = 1, #rows do
+          local e = rows[i]
+          if want[e[1]] then fields_of[e[1]] = e[2] end
         end
-        if not string.find('\n' .. to .. '\n', me, 1, true) then
-          changed = changed + redis.call('XACK', stream, agent, eid)
-        elseif keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
-          local n = reject(stream, inbox, marks, agent, eid, 'replay', now_s)
-          changed, clamp = changed + n, clamp or n == 1
-          if not replayed then replayed = {} end
-          replayed[#replayed + 1] = eid
-        elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
-          changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s)
-          got = true
-        elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
-          redis.call('HINCRBY', inbox, agent, -1)
-          redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
-          changed = changed + 1
+        cut = #rows == most
+      end
+      -- the others' entries, acknowledged together at the end (as "a")
+      local others, no = nil, 0
+      for i = 1, np do
+        local eid = pending[i][1]
+        local f = fields_of[eid]
+        if not f and cut then
+          local e = redis.call('XRANGE', stream, eid, eid)
+          f = e[1] and e[1][2]
+        end
+        if f then -- (an entry trimmed away since is passed over)
+          local to, ttl, sig = '', nil, nil
+          for j = 1, #f, 2 do
+            local k = f[j]
+            if k == 't' then to = f[j + 1]
+            elseif k == 'x' then ttl = tonumber(f[j + 1])
+            elseif k == 'g' then sig = f[j + 1] end
+          end
+          if not string.find('\n' .. to .. '\n', me, 1, true) then
+            no = no + 1
+            if no == 1 then others = {eid} else others[no] = eid end
+          elseif keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
+            local n = reject(stream, inbox, marks, agent, eid, 'replay', now_s)
+            changed, clamp = changed + n, clamp or n == 1
+            if not replayed then replayed = {} end
+            replayed[#replayed + 1] = eid
+          elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
+            changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s)
+            got = true
+          elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
+            redis.call('HINCRBY', inbox, agent, -1)
+            redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
+            changed = changed + 1
+          end
         end
       end
+      if no > 0 then changed = changed + redis.call('XACK', stream, agent, unpack(others, 1, no)) end
     end
     if keep > 0 then -- forget the pairs older than KEEP_MS, a few per call
       local old = redis.call('ZRANGEBYSCORE', nonce_at, '-inf', now - keep, 'LIMIT', 0, 100)
