@@ -263,6 +263,15 @@ FIGURES += (
                 "single_cpu_us", "server CPU µs per message, 1-shard Cluster", "µs", False, False
             ),
             Metric("scale_cpu_ratio", "server CPU µs per message, 3 shards / 1", "", False, False),
+            Metric("one_ir", "server instructions per message, one server", "", False, False),
+            Metric("cluster_ir", "server instructions per message, Cluster", "", False, False),
+            Metric(
+                "ir_ratio",
+                "server instructions per message, Cluster / one server",
+                "",
+                False,
+                False,
+            ),
             Metric("one_rate", "throughput, one server (best of 1-4 processes)", "msg/s"),
             Metric("cluster_rate", "throughput, Cluster (best of 1-4 processes)", "msg/s"),
             Metric("spread", "channels on the busiest shard / mean", "", False, False),
@@ -283,6 +292,7 @@ FIGURES += (
             Target("cmds_ratio", "max", 1.01, "same as one server (±1%)"),
             Target("us_ratio", "max", 1.15, "≤ 1.15x one server"),
             Target("scale_cpu_ratio", "max", 1.15, "≤ 1.15x one shard"),
+            Target("ir_ratio", "max", 1.05, "same as one server (≤ 1.05x)"),
             Target("spread", "max", 1.15, "≤ 1.15x the mean"),
             Target("redirects", "max", 0, "none"),
             Target("split", "max", 0, "none"),

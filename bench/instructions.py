@@ -266,7 +266,9 @@ def _cluster(out: str, tmp: str, shards: int) -> Iterator[list[tuple[int, int]]]
         yield nodes
 
 
-def _fleet_run(url: str, cluster: bool, pids: list[int], out: str) -> dict[str, float]:
+def _fleet_run(
+    url: str, cluster: bool, pids: list[int], out: str, channels: int, cycles: int
+) -> dict[str, float]:
     """The fleet's counted cycles on one topology: instructions per message, in all and on
     the busiest server, less what the servers run idle over as long."""
     from redisbus import Bus, BusSettings
@@ -275,7 +277,7 @@ def _fleet_run(url: str, cluster: bool, pids: list[int], out: str) -> dict[str, 
     dumps: dict[int, int] = {}
     with Bus.from_url(url, cluster=cluster, settings=quiet) as bus:
         fleet = []
-        for c in range(FLEET_CHANNELS):
+        for c in range(channels):
             ch = bus.channel(f"ir-fleet-c{c}", **LIMITS)
             fleet.append([ch.join(f"a{j}") for j in range(AGENTS)])
 
@@ -289,13 +291,13 @@ def _fleet_run(url: str, cluster: bool, pids: list[int], out: str) -> dict[str, 
                 raise RuntimeError(f"{b.name} woke with {len(got)} messages, not 1")
             b.mark_done(got)
 
-        warm = FLEET_CHANNELS * AGENTS
+        warm = channels * AGENTS
         for step in range(warm):
             cycle(step)
         t0 = time.perf_counter()
 
         def load() -> None:
-            for step in range(warm, warm + FLEET_CYCLES):
+            for step in range(warm, warm + cycles):
                 cycle(step)
 
         counts = _count_all(pids, out, dumps, load)
@@ -304,26 +306,29 @@ def _fleet_run(url: str, cluster: bool, pids: list[int], out: str) -> dict[str, 
     rates = [x / min(wall, 10.0) for x in idle]
     net = [c - r * wall for c, r in zip(counts, rates, strict=True)]
     return {
-        "per_msg": sum(net) / FLEET_CYCLES,
+        "per_msg": sum(net) / cycles,
         "busiest_share": max(net) / sum(net),
         "idle_share": sum(r * wall for r in rates) / sum(counts),
-        **{f"server{i}": x / FLEET_CYCLES for i, x in enumerate(net)},
+        **{f"server{i}": x / cycles for i, x in enumerate(net)},
     }
 
 
-def fleet() -> dict[str, dict[str, float]]:
-    """Server instructions per message of the fleet's cycle on one server, a 1-shard Cluster
-    and a 3-shard Cluster, in this process's ``redisbus``."""
+def fleet(
+    channels: int = FLEET_CHANNELS, cycles: int = FLEET_CYCLES, clusters: tuple[int, ...] = (1, 3)
+) -> dict[str, dict[str, float]]:
+    """Server instructions per message of the fleet's cycle on one server and on Clusters of
+    each number of shards in ``clusters``, in this process's ``redisbus``."""
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         cg = os.path.join(tmp, "cg")
         with _server(cg) as (port, pid):
-            out["one server"] = _fleet_run(f"redis://127.0.0.1:{port}/0", False, [pid], cg)
-        for shards in (1, 3):
+            url = f"redis://127.0.0.1:{port}/0"
+            out["one server"] = _fleet_run(url, False, [pid], cg, channels, cycles)
+        for shards in clusters:
             with _cluster(cg, os.path.join(tmp, f"c{shards}"), shards) as nodes:
                 url = f"redis://127.0.0.1:{nodes[0][0]}/0"
-                label = f"{shards}-shard Cluster"
-                out[label] = _fleet_run(url, True, [pid for _, pid in nodes], cg)
+                pids = [pid for _, pid in nodes]
+                out[f"{shards}-shard Cluster"] = _fleet_run(url, True, pids, cg, channels, cycles)
     return out
 
 

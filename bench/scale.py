@@ -82,6 +82,9 @@ class ScaleResult:
     #: a Cluster of one shard (one primary, one replica: the processes of ``one``), load only
     single: TopologyResult | None = None
     capacity: dict[str, Any] = field(default_factory=dict)
+    #: server instructions per message by topology (``bench.instructions.fleet``), when
+    #: valgrind is on PATH; else why not
+    instructions: dict[str, dict[str, float]] | str = ""
 
     @property
     def loaded(self) -> list[TopologyResult]:
@@ -141,9 +144,27 @@ def run(ctx: Ctx) -> Metrics:
         )
         cluster = measure_topology(topo, ctx, sizes)
     result = ScaleResult(sizes, one, cluster, pc.version, single)
+    result.instructions = instruction_counts(ctx.mode == "quick")
     result.capacity = capacity(result)
     LAST[:] = [result]
     return metrics(result)
+
+
+def instruction_counts(quick: bool = False) -> dict[str, dict[str, float]] | str:
+    """The fleet's server instructions per message on one server and on Clusters of 1 and 3
+    shards (the primaries under callgrind): what µs on a shared machine cannot show, repeatable
+    to about 1%. Needs valgrind; a ``--quick`` run leaves them out (a minute and more under
+    valgrind)."""
+    import shutil
+
+    from bench import instructions
+
+    if quick:
+        return "not counted in a --quick run"
+    missing = [t for t in ("valgrind", "callgrind_control") if not shutil.which(t)]
+    if missing:
+        return f"not counted: needs {' and '.join(missing)} on PATH (Debian: valgrind)"
+    return instructions.fleet()
 
 
 def spread(counts: list[int]) -> float:
@@ -236,6 +257,10 @@ def metrics(r: ScaleResult) -> Metrics:
         out["single_cmds"] = r.single.per_msg("commands_per_msg")
         out["single_cpu_us"] = r.single.per_msg("cpu_us_per_msg")
         out["scale_cpu_ratio"] = out["cluster_cpu_us"] / out["single_cpu_us"]
+    if isinstance(r.instructions, dict):
+        out["one_ir"] = r.instructions["one server"]["per_msg"]
+        out["cluster_ir"] = r.instructions["3-shard Cluster"]["per_msg"]
+        out["ir_ratio"] = out["cluster_ir"] / out["one_ir"]
     out["cmds_ratio"] = out["cluster_cmds"] / out["one_cmds"]
     out["us_ratio"] = out["cluster_us"] / out["one_us"]
     for row in cap["rows"]:

@@ -356,6 +356,51 @@ def _scale_line(r: ScaleResult) -> list[str]:
     ]
 
 
+def _instruction_lines(r: ScaleResult) -> list[str]:
+    from bench.instructions import AGENTS, FLEET_CHANNELS, FLEET_CYCLES
+
+    head = [
+        "## Server instructions per message",
+        "",
+        "Server µs move by a third between runs on a shared machine; the instructions a server "
+        "runs do not (repeatable to about 1%). `python -m bench.instructions --fleet`: each "
+        "server under valgrind's callgrind (no replicas), the fleet's cycle (send, `wait()`, "
+        f"`mark_done`) over {FLEET_CHANNELS} channels of {AGENTS} agents, one turn of every agent "
+        f"first, then {FLEET_CYCLES:,} messages counted, less what the servers run idle over as "
+        "long:",
+        "",
+    ]
+    if isinstance(r.instructions, str):
+        return [*head, f"{r.instructions}.", ""]
+    one = r.instructions["one server"]["per_msg"]
+    rows = []
+    for topo, v in r.instructions.items():
+        shards = [v[k] for k in sorted(k for k in v if k.startswith("server"))]
+        rows.append(
+            [
+                topo,
+                f"{v['per_msg']:,.0f}",
+                f"{v['per_msg'] / one:.3f}x",
+                " / ".join(f"{x:,.0f}" for x in shards),
+                f"{v['idle_share']:.2%}",
+            ]
+        )
+    table = _table(
+        ["topology", "instructions per message", "/ one server", "per server", "idle, subtracted"],
+        rows,
+    )
+    return [
+        *head,
+        *table,
+        "",
+        "The same messages cost a Cluster's primaries, all together, what they cost one "
+        "server, give or take Cluster mode's own work (compare the 1-shard Cluster with one "
+        "server); more shards split the work by the channels' slots and add none (the split "
+        f"follows the channels: {FLEET_CHANNELS} are too few to spread evenly).",
+        "",
+    ]
+
+
 def _capacity_tables(r: ScaleResult) -> list[str]:
     cap = r.capacity
     m = r.cluster.memory
@@ -449,6 +494,7 @@ def markdown(r: ScaleResult, machine: dict[str, Any]) -> str:
         "",
         *_load_tables(r),
         "",
+        *_instruction_lines(r),
         "## Capacity",
         "",
         *_capacity_tables(r),

@@ -123,3 +123,23 @@ def test_bench_instructions_counts_each_call() -> None:
     counts = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in rows}
     assert set(counts) == {"send", "batch, per message", "broadcast to 100", "wake n op"}
     assert all(int(v.replace(",", "")) > 10_000 for v in counts.values()), counts
+
+
+@pytest.mark.timeout(300)
+def test_bench_instructions_counts_the_fleet_on_each_topology() -> None:
+    # the fleet's instructions per message (bench.instructions.fleet, the scale figure's
+    # noise-free cost) on one server and on a 3-shard Cluster, a small fleet
+    require_tool("valgrind")
+    require_tool("callgrind_control")
+    from bench.instructions import fleet
+
+    got = fleet(channels=3, cycles=30, clusters=(3,))
+    assert set(got) == {"one server", "3-shard Cluster"}
+    one = got["one server"]["per_msg"]
+    assert one > 100_000
+    # every message's work is on the server holding its channel: the three shards do what one
+    # server does, give or take Cluster mode's slot checks
+    assert 0.95 < got["3-shard Cluster"]["per_msg"] / one < 1.15, got
+    assert sum(v for k, v in got["3-shard Cluster"].items() if k.startswith("server")) == (
+        pytest.approx(got["3-shard Cluster"]["per_msg"])
+    )
