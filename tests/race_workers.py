@@ -47,6 +47,48 @@ def send_for(
     out.put({"ok": ok, "refused": refused, "start": start})
 
 
+def send_alternating(
+    url: str, channel: str, sender: str, to: list[str], n: int, barrier: Barrier, out: Queue[Any]
+) -> None:
+    """Send ``n`` messages, the i-th to ``to[i % len(to)]``; report the ids per recipient."""
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False))
+    agent = bus.channel(channel).join(sender)
+    barrier.wait()
+    ids: dict[str, list[str]] = {name: [] for name in to}
+    for i in range(n):
+        name = to[i % len(to)]
+        ids[name].append(agent.send(name, f"{sender}-{i}").id)
+    bus.close()
+    out.put(ids)
+
+
+def take_until_quiet(
+    url: str, channel: str, agent_name: str, min_s: float, barrier: Barrier, out: Queue[Any]
+) -> None:
+    """One replica of ``agent_name``: wait() and mark_done() what comes, for at least
+    ``min_s`` and until three waits in a row come back empty; report what it was handed."""
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False, replica=f"r-{time.time_ns()}"))
+    agent = bus.channel(channel).join(agent_name)
+    barrier.wait()
+    start, quiet, got = time.monotonic(), 0, []
+    while time.monotonic() - start < min_s or quiet < 3:
+        msgs = agent.wait(timeout=0.3).messages
+        quiet = 0 if msgs else quiet + 1
+        got.extend(m.id for m in msgs)
+        if msgs:
+            agent.mark_done(msgs)
+    bus.close()
+    out.put({"replica": True, "got": got})
+
+
+def role(send: Any, serve: Any, barrier: Barrier, out: Queue[Any]) -> None:
+    """A sender (``send``: send_alternating's arguments) or a replica (``serve``)."""
+    if send is not None:
+        send_alternating(*send, barrier, out)
+    else:
+        take_until_quiet(*serve, barrier, out)
+
+
 def run_all(target: Any, arglists: list[tuple[Any, ...]]) -> list[Any]:
     """Run target(*args, barrier, queue) in one spawned process each; return their results."""
     import multiprocessing as mp

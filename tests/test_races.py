@@ -91,3 +91,34 @@ def test_concurrent_mark_done_keeps_counters_exact(redis7: Server) -> None:
     assert stream_inbox_counts(bus.redis, ch) == {}
     bus.close()
     b2.close()
+
+
+def test_replicas_racing_in_a_busy_channel_take_each_message_once_and_leave_no_residue(
+    redis7: Server,
+) -> None:
+    # given: an agent served by three replica processes, in a channel where half the traffic
+    # is for another member (every fetch of the agent's group carries those entries too)
+    redis7.client().flushall()
+    bus = Bus.from_url(redis7.url, settings=BusSettings(metrics=False))
+    ch = bus.channel("replica-race", inbox_cap=100_000, pair_rate_burst=0, sender_rate_burst=0)
+    ch.join("worker")
+    ch.join("bystander")
+    senders = [f"s{i}" for i in range(3)]
+    for s in senders:
+        ch.join(s)
+    # when: three senders send 200 messages each, alternating between the two, while the
+    # three replicas wait and mark done
+    work = [(redis7.url, "replica-race", s, ["worker", "bystander"], 200) for s in senders]
+    serve = [(redis7.url, "replica-race", "worker", 2.0)] * 3
+    roles = [(w, None) for w in work] + [(None, r) for r in serve]
+    results = race_workers.run_all(race_workers.role, roles)
+    sent = [i for r in results if "worker" in r for i in r["worker"]]
+    got = [i for r in results if r.get("replica") for i in r["got"]]
+    # then: every message for the worker was handed out exactly once over the replicas, and
+    # nothing of it or of the bystander's traffic is left in the worker's group
+    assert len(sent) == 300
+    assert sorted(got) == sorted(sent)
+    assert bus.redis.xpending(ch.keys.stream, "worker")["pending"] == 0
+    assert ch.counts()["worker"] == 0
+    assert stream_inbox_counts(bus.redis, ch) == {"bystander": 300}
+    bus.close()
