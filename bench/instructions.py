@@ -14,6 +14,11 @@ a change that runs fewer of them on the same path is cheaper.
 - ``wake n op``: the ``"n"`` op that ``wait()``'s fetch runs right after its ``XREADGROUP``
   (``settle.lua``), replayed on one pending entry.
 
+``--fleet`` counts instead the whole message of the scale figure's fleet (send, ``wait()``,
+``mark_done``, channels of 10 agents) on one server and on Clusters of 1 and 3 shards, every
+primary under callgrind, summed over them: what a message costs the servers, with the idle
+work of the same span taken out.
+
 ``--against DIR`` counts the same calls with the ``redisbus`` package found in DIR (an older
 checkout, say) in the same run, for a before/after table. Needs ``valgrind`` and
 ``redis-server`` on PATH (Debian: ``apt-get install valgrind redis-server``).
