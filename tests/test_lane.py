@@ -321,6 +321,15 @@ WAKE_UP = ["settle s", "settle n", "done"]  # "waiting" before the read, read ma
 WAIT_TRIP = ["EVALSHA", "XREADGROUP", "EVALSHA"]
 
 
+def _past_one_cycle(ch: Any) -> tuple[Any, Any]:
+    """Members a and b of ``ch``, b through one wait() / mark_done() cycle (past the first
+    wait's look at its own pending entries), so its next wait is a plain wake-up."""
+    a, b = ch.join("a"), ch.join("b")
+    a.send("b", "warm up")
+    b.mark_done(b.wait(timeout=1).messages)
+    return a, b
+
+
 def _sent(r: redis.Redis) -> list[str]:
     """The commands clients sent since the last SLOWLOG RESET (oldest first), by name: not
     those scripts ran (logged with no client address)."""
@@ -336,10 +345,7 @@ def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
     # given: a receiver that has been through one wait() / mark_done() cycle
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        ch = bus.channel("lane-cycle", **OPEN)
-        a, b = ch.join("a"), ch.join("b")
-        a.send("b", "warm up")
-        b.mark_done(b.wait(timeout=1).messages)
+        a, b = _past_one_cycle(bus.channel("lane-cycle", **OPEN))
         a.send("b", "hello")
         r.slowlog_reset()
         # when: it waits for the next message and marks it done
@@ -376,10 +382,7 @@ def test_the_read_marks_of_a_wake_up_cost_six_server_commands(logged: Server) ->
     # given: a receiver through one wait() / mark_done() cycle, and a message waiting for it
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        ch = bus.channel("lane-n-op", **OPEN)
-        a, b = ch.join("a"), ch.join("b")
-        a.send("b", "warm up")
-        b.mark_done(b.wait(timeout=1).messages)
+        a, b = _past_one_cycle(bus.channel("lane-n-op", **OPEN))
         a.send("b", "hello")
         r.slowlog_reset()
         # when: it waits
@@ -410,9 +413,8 @@ def test_a_wake_up_passes_over_others_entries_in_the_same_commands(
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
         ch = bus.channel(f"lane-n-others-{others}", **OPEN)
-        a, b, c = ch.join("a"), ch.join("b"), ch.join("c")
-        a.send("b", "warm up")
-        b.mark_done(b.wait(timeout=1).messages)
+        a, b = _past_one_cycle(ch)
+        c = ch.join("c")
         for i in range(others):
             a.send("c", f"not for b {i}")
         a.send("b", "hello")
