@@ -91,19 +91,29 @@ def _server(
         proc.wait(30)
 
 
-def _count(pid: int, out: str, dump: int, run: Callable[[], None]) -> float:
-    """Instructions of ``run()``, from a zeroed counter to dump number ``dump``."""
-    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+def _count_all(
+    pids: list[int], out: str, dumps: dict[int, int], run: Callable[[], Any]
+) -> list[float]:
+    """Instructions of ``run()`` on each server of ``pids`` (zeroed together, dumped together);
+    ``dumps`` numbers each server's dumps."""
+    for pid in pids:
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
     run()
-    subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-    path = f"{out}.{pid}.{dump}"
-    for _ in range(300):
-        if os.path.exists(path):
-            m = re.search(r"^totals: (\d+)", Path(path).read_text(), re.M)
-            if m:
-                return float(m.group(1))
-        time.sleep(0.1)
-    raise RuntimeError(f"callgrind wrote no dump {path}")
+    counts = []
+    for pid in pids:
+        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+        dumps[pid] = dumps.get(pid, 0) + 1
+        path = f"{out}.{pid}.{dumps[pid]}"
+        for _ in range(300):
+            if os.path.exists(path):
+                m = re.search(r"^totals: (\d+)", Path(path).read_text(), re.M)
+                if m:
+                    counts.append(float(m.group(1)))
+                    break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"callgrind wrote no dump {path}")
+    return counts
 
 
 def _captured(fn: Callable[[], Any]) -> tuple[Any, ...]:
@@ -180,14 +190,12 @@ def worker() -> dict[str, float]:
             fetch = _pipelined(lambda: bob.wait(5))
             n_op = next(c for c in reversed(fetch) if c[0] == "EVALSHA" and "n" in c)
             keys = bob._keys
-            for dump, (name, cmd, per) in enumerate(
-                (
-                    ("send", send, 1),
-                    ("batch, per message", batch, BATCH),
-                    ("broadcast to 100", cast, 1),
-                    ("wake n op", n_op, 1),
-                ),
-                start=1,
+            dumps: dict[int, int] = {}
+            for name, cmd, per in (
+                ("send", send, 1),
+                ("batch, per message", batch, BATCH),
+                ("broadcast to 100", cast, 1),
+                ("wake n op", n_op, 1),
             ):
                 calls = CALLS if per == 1 else CALLS // BATCH
                 if name.startswith("broadcast"):
@@ -200,37 +208,12 @@ def worker() -> dict[str, float]:
                     pipe.execute(raise_on_error=False)
 
                 replay()  # warm
-                out[name] = _count(pid, cg, dump, replay) / (calls * per)
+                out[name] = _count_all([pid], cg, dumps, replay)[0] / (calls * per)
                 r.xtrim(keys.stream, maxlen=1_000)
                 r.xtrim(caller._keys.stream, maxlen=1_000)
             bus.close()
             r.close()
     return out
-
-
-def _count_all(
-    pids: list[int], out: str, dumps: dict[int, int], run: Callable[[], Any]
-) -> list[float]:
-    """Instructions of ``run()`` on each server of ``pids`` (zeroed together, dumped together);
-    ``dumps`` numbers each server's dumps."""
-    for pid in pids:
-        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-    run()
-    counts = []
-    for pid in pids:
-        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
-        dumps[pid] = dumps.get(pid, 0) + 1
-        path = f"{out}.{pid}.{dumps[pid]}"
-        for _ in range(300):
-            if os.path.exists(path):
-                m = re.search(r"^totals: (\d+)", Path(path).read_text(), re.M)
-                if m:
-                    counts.append(float(m.group(1)))
-                    break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"callgrind wrote no dump {path}")
-    return counts
 
 
 #: The fleet of ``--fleet``: channels of AGENTS agents, one turn of every agent to warm up,
@@ -276,9 +259,10 @@ def _fleet_run(
 ) -> dict[str, float]:
     """The fleet's counted cycles on one topology: instructions per message, in all and on
     the busiest server, less what the servers run idle over as long."""
+    from bench.scale_load import QUIET, turn
     from redisbus import Bus, BusSettings
 
-    quiet = BusSettings(heartbeat_s=3600.0, agent_lease_s=7200.0)
+    quiet = BusSettings(**QUIET)
     dumps: dict[int, int] = {}
     with Bus.from_url(url, cluster=cluster, settings=quiet) as bus:
         fleet = []
@@ -286,24 +270,14 @@ def _fleet_run(
             ch = bus.channel(f"ir-fleet-c{c}", **LIMITS)
             fleet.append([ch.join(f"a{j}") for j in range(AGENTS)])
 
-        def cycle(step: int) -> None:
-            members = fleet[step % len(fleet)]
-            turn = step // len(fleet)
-            a, b = members[turn % AGENTS], members[(turn + 1) % AGENTS]
-            a.send(b.name, "x" * 64, subject="s")
-            got = b.wait(timeout=30).messages
-            if len(got) != 1:
-                raise RuntimeError(f"{b.name} woke with {len(got)} messages, not 1")
-            b.mark_done(got)
-
         warm = channels * AGENTS
         for step in range(warm):
-            cycle(step)
+            turn(fleet, step, "x" * 64, timeout=30)
         t0 = time.perf_counter()
 
         def load() -> None:
             for step in range(warm, warm + cycles):
-                cycle(step)
+                turn(fleet, step, "x" * 64, timeout=30)
 
         counts = _count_all(pids, out, dumps, load)
         wall = time.perf_counter() - t0
@@ -344,7 +318,8 @@ def _run(package_dir: Path, mode: str = "--worker") -> Any:
     bench_dir = str(Path(__file__).resolve().parent.parent)
     code = (
         f"import runpy, sys; sys.argv = ['instructions', {mode!r}]; "
-        f"sys.path.append({bench_dir!r}); "
+        # redisbus from DIR, first; then the bench of this checkout ahead of any in DIR
+        f"import redisbus; sys.path.insert(0, {bench_dir!r}); "
         f"runpy.run_path({str(Path(__file__).resolve())!r}, run_name='__main__')"
     )
     with tempfile.TemporaryDirectory() as cwd:  # nothing of this checkout on the path but DIR

@@ -19,6 +19,7 @@ bound, from command execution alone (``INFO commandstats``).
 from __future__ import annotations
 
 import math
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,8 +156,6 @@ def instruction_counts(quick: bool = False) -> dict[str, dict[str, float]] | str
     shards (the primaries under callgrind): what µs on a shared machine cannot show, repeatable
     to about 1%. Needs valgrind; a ``--quick`` run leaves them out (a minute and more under
     valgrind)."""
-    import shutil
-
     from bench import instructions
 
     if quick:

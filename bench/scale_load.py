@@ -28,6 +28,20 @@ from bench.shards import NodeDelta, Topology, data_command, deltas, snapshot
 QUIET = {"heartbeat_s": 3600.0, "agent_lease_s": 7200.0}
 
 
+def turn(fleet: list[list[Any]], step: int, text: str, timeout: float = 5.0) -> None:
+    """Step ``step`` of the fleet's walk: on channel ``step`` mod the channels, one agent
+    sends ``text`` to the next, which takes it with ``wait()`` and marks it done; the agents
+    take turns, channel after channel."""
+    members = fleet[step % len(fleet)]
+    at = step // len(fleet)
+    a, b = members[at % len(members)], members[(at + 1) % len(members)]
+    check(a.send(b.name, text))
+    got = b.wait(timeout=timeout).messages
+    if len(got) != 1:
+        raise RuntimeError(f"{b.name} woke with {len(got)} messages, not 1")
+    b.mark_done(got)
+
+
 def channel_names(prefix: str, channels: int) -> list[str]:
     return [f"{prefix}-c{i}" for i in range(channels)]
 
@@ -52,22 +66,12 @@ def _worker(
                 ch = bus.channel(name, **LIMITS)
                 fleet.append([ch.join(f"a{j}") for j in range(agents)])
 
-            def cycle(step: int) -> None:
-                members = fleet[step % len(fleet)]
-                turn = step // len(fleet)
-                a, b = members[turn % agents], members[(turn + 1) % agents]
-                check(a.send(b.name, body()))
-                got = b.wait(timeout=5).messages
-                if len(got) != 1:
-                    raise RuntimeError(f"{b.name} woke with {len(got)} messages, not 1")
-                b.mark_done(got)
-
             # one turn of every agent first: each group then skips the entries addressed to
             # others as it will in the window (at its next wake), so the window sees the
             # steady state, not a fleet catching up
             warm = len(fleet) * agents
             for step in range(warm):
-                cycle(step)
+                turn(fleet, step, body())
             ready.put({"ready": True})
             go.wait()
             trips = RoundTrips(names=True)
@@ -78,7 +82,7 @@ def _worker(
             with trips.counting():
                 while time.perf_counter() < deadline:
                     c0 = time.perf_counter_ns()
-                    cycle(step)
+                    turn(fleet, step, body())
                     lat.append(time.perf_counter_ns() - c0)
                     sent += 1
                     step += 1
