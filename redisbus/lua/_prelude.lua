@@ -108,7 +108,9 @@ end
 -- writes costs about 10,000 instructions. A value longer than hash-max-listpack-value (64
 -- bytes by default) turns the list into a table, and Redis never turns it back; the field
 -- that carries it (a name no member can have: members' names hold no control characters) is
--- gone again at once, so the hash holds what it held.
+-- gone again at once, so the hash holds what it held. (The rate hash keeps its long value
+-- for good, the '#table' field send.lua writes with the limits: no command of its own. The
+-- hashes this is for hold their members' fields and nothing else.)
 local function as_table(key)
   redis.call('HSET', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, one lookup per field')
   redis.call('HDEL', key, '\n#table')
