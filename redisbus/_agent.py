@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -20,6 +20,14 @@ log = logging.getLogger("redisbus")
 #: The message a ``serve`` handler is handling, with the handle it came to: what that handle
 #: sends meanwhile continues the message's chain (a context variable: per task, per thread).
 HANDLING: ContextVar[tuple[Any, str] | None] = ContextVar("redisbus_handling", default=None)
+
+#: Statuses after which an agent's replicas stop waiting (``wait()`` returns "cancelled")
+ENDED = frozenset({"failed", "cancelled", "lost"})
+
+#: How long one blocking read of a wait lasts at most (it slices longer waits): for an agent
+#: with one replica, and for one with several (only one is woken by its cancellation; the
+#: others learn it when their slice ends)
+SLICE_S, SHARED_SLICE_S = 5.0, 1.0
 
 
 class AgentState:
@@ -64,6 +72,7 @@ class AgentState:
         # it gets after it read, on the server, in the same round trip
         self._fetched_to = "0-0"
         self._cancelled = False
+        self._replicas = 1  # live replicas of the agent, as the last heartbeat counted them
         self._want_status: str | None = None
         self._last_claim = float("-inf")
         self._pel_dirty = False  # read()/mark_done() fetched entries wait() has not returned
@@ -128,6 +137,19 @@ class AgentState:
             # the latest of the deepest: dicts keep insertion order
             self._deepest = next((i, d) for i, d in reversed(self._handed.items()) if d == best)
         return self._deepest[0]
+
+    def _heard(self, mine: Sequence[Any]) -> None:
+        """What a heartbeat found (beat.lua's ``{agent, status, live replicas, ...}``): an
+        agent that ended elsewhere (failed, cancelled, lost) stops waiting here too."""
+        for i in range(0, len(mine) - 2, 3):
+            if mine[i] == self.name:
+                self._replicas = int(mine[i + 2])
+                if mine[i + 1] in ENDED:
+                    self._cancelled = True
+                return
+
+    def _slice_s(self) -> float:
+        return SHARED_SLICE_S if self._replicas > 1 else SLICE_S
 
     def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
         if not self._deferred:

@@ -260,7 +260,7 @@ class IO:
         settle: builtins.list[str] | None,
         mark_after: str | None = None,
         replay_keep_ms: int = 0,
-    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int]:
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int, str | None]:
         """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
         with the deferred ``settle`` ops before it and, with ``mark_after``, the "n" op right
         after it (``_redis.fetch_commands``, one source for both faces): what the fetch returns

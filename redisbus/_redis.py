@@ -612,15 +612,18 @@ def fetch_commands(
 
 def fetch_result(
     out: list[Any], settled: bool, marked: bool
-) -> tuple[list[tuple[str, dict[str, str] | None]], int, int]:
+) -> tuple[list[tuple[str, dict[str, str] | None]], int, int, str | None]:
     """The replies of :func:`fetch_commands` (``settled``: it had settle ops; ``marked``: an
     "n" op): the entries (less those settle.lua rejected as replays: never handed over), the
-    Redis clock in ms, and how many it rejected."""
+    Redis clock in ms, how many it rejected, and the agent's status when the "n" op read it
+    (None otherwise)."""
     entries = stream_entries(out[1 if settled else 0])
     last = out[-1]
     now = last[1:3] if marked else last
-    replayed = last[3] if marked and len(last) > 3 else []
+    replayed = (last[3] if marked and len(last) > 3 else None) or []
+    status = last[4] if marked and len(last) > 4 else None
     if replayed:
         gone = set(replayed)
         entries = [e for e in entries if e[0] not in gone]
-    return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed)
+    status = status.decode() if isinstance(status, bytes) else status
+    return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed), status or None

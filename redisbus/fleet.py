@@ -218,7 +218,7 @@ def _live_replicas(beat: dict[str, str], now_ms: int) -> dict[str, set[str]]:
     live: dict[str, set[str]] = {}
     for key, deadline in beat.items():
         agent, _, replica = key.partition("\n")
-        if float(deadline) > now_ms:
+        if agent and float(deadline) > now_ms:  # ("\n#judged" is beat.lua's own field)
             live.setdefault(agent, set()).add(replica)
     return live
 

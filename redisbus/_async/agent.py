@@ -15,7 +15,7 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
-from .._agent import AgentState, message_ids
+from .._agent import ENDED, AgentState, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
 from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
 from .._tasks_async import sleep
@@ -343,7 +343,8 @@ class AsyncAgent(AgentState):
         try:
             while True:
                 remaining = deadline - time.monotonic()
-                block_ms: int | None = int(min(remaining, 5.0) * 1000)
+                # one replica is woken by a cancel; the others learn it at their slice's end
+                block_ms: int | None = int(min(remaining, self._slice_s()) * 1000)
                 if t == 0:
                     block_ms = None
                 elif block_ms is not None and block_ms < 1:
@@ -374,6 +375,8 @@ class AsyncAgent(AgentState):
                     msgs = await self._redeliver(own=True, lapsed=block_ms >= 1000)
                 if msgs:
                     return self._result(msgs, running=fresh)
+                if self._cancelled:
+                    return WaitResult("cancelled", [])
                 if t == 0:
                     await self.flush()
                     return WaitResult("timeout", [])
@@ -387,7 +390,7 @@ class AsyncAgent(AgentState):
         before = io.retries
         mark_after = self._fetched_to if cursor == ">" else None
         try:
-            entries, now, replayed = await io.fetch(
+            entries, now, replayed, status = await io.fetch(
                 self._keys,
                 self.name,
                 self.replica,
@@ -408,6 +411,8 @@ class AsyncAgent(AgentState):
             self._bus.metrics.message_rejected("replay", replayed)
         if mark_after is not None and entries:
             self._fetched_to = entries[-1][0]
+        if status in ENDED:  # another replica was woken by the cancel, or the agent ended
+            self._cancelled = True
         return entries, now
 
     async def _redeliver(self, *, own: bool, lapsed: bool = True) -> builtins.list[Message]:

@@ -151,18 +151,24 @@ class AsyncBus:
     # -- heartbeat --------------------------------------------------------------------------
     async def _beat(self, groups: builtins.list[dict[str, AsyncAgent]]) -> None:
         """Renew each local replica's lease and write the status its agent wants shown; agents
-        none of whose replicas renewed within ``agent_lease_s`` are reported lost to their
-        parents (beat.lua and outcome.lua make this safe on many hosts at once). Run by the
-        heart every ``heartbeat_s``."""
+        none of whose replicas renewed within ``agent_lease_s`` of watched time are reported
+        lost to their parents (beat.lua and outcome.lua make this safe on many hosts at once;
+        time nobody could watch, an outage, does not count: see beat.lua). Each local handle
+        learns its agent's status and how many replicas it has. Run by the heart every
+        ``heartbeat_s``."""
         io = self._io
-        lease_ms = int(self.settings.agent_lease_s * 1000)
+        s = self.settings
+        lease_ms, grace_ms = int(s.agent_lease_s * 1000), int(s.heartbeat_s * 1500)
         for agents in groups:
             k = next(iter(agents.values()))._keys
-            argv: builtins.list[Any] = [lease_ms]
+            argv: builtins.list[Any] = [lease_ms, grace_ms]
             for a in agents.values():
                 argv += [a.name, a.replica, a._want_status or ""]
                 a._want_status = None
-            for name in await io.script("beat", [k.beat, k.status], argv):
+            lost, mine = await io.script("beat", [k.beat, k.status], argv)
+            for a in agents.values():
+                a._heard(mine)
+            for name in lost:
                 reply = await io.script(
                     "outcome",
                     [k.stream, k.parents, k.status, k.inbox],

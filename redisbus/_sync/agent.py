@@ -16,7 +16,7 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
-from .._agent import AgentState, message_ids
+from .._agent import ENDED, AgentState, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
 from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
 from .._tasks_sync import sleep
@@ -338,7 +338,8 @@ class Agent(AgentState):
         try:
             while True:
                 remaining = deadline - time.monotonic()
-                block_ms: int | None = int(min(remaining, 5.0) * 1000)
+                # one replica is woken by a cancel; the others learn it at their slice's end
+                block_ms: int | None = int(min(remaining, self._slice_s()) * 1000)
                 if t == 0:
                     block_ms = None
                 elif block_ms is not None and block_ms < 1:
@@ -369,6 +370,8 @@ class Agent(AgentState):
                     msgs = self._redeliver(own=True, lapsed=block_ms >= 1000)
                 if msgs:
                     return self._result(msgs, running=fresh)
+                if self._cancelled:
+                    return WaitResult("cancelled", [])
                 if t == 0:
                     self.flush()
                     return WaitResult("timeout", [])
@@ -382,7 +385,7 @@ class Agent(AgentState):
         before = io.retries
         mark_after = self._fetched_to if cursor == ">" else None
         try:
-            entries, now, replayed = io.fetch(
+            entries, now, replayed, status = io.fetch(
                 self._keys,
                 self.name,
                 self.replica,
@@ -403,6 +406,8 @@ class Agent(AgentState):
             self._bus.metrics.message_rejected("replay", replayed)
         if mark_after is not None and entries:
             self._fetched_to = entries[-1][0]
+        if status in ENDED:  # another replica was woken by the cancel, or the agent ended
+            self._cancelled = True
         return entries, now
 
     def _redeliver(self, *, own: bool, lapsed: bool = True) -> builtins.list[Message]:

@@ -2,36 +2,71 @@
 --
 -- KEYS[1] beat  KEYS[2] status
 -- ARGV[1] lease (ms)
--- ARGV[2..] triples: agent, replica, status to set ("" keeps it; only an open agent changes)
+-- ARGV[2] grace (ms): the longest gap between two beats of the channel that is not blindness
+--         (the caller's heartbeat period and a half)
+-- ARGV[3..] triples: agent, replica, status to set ("" keeps it; only an open agent changes)
 --
--- returns {agent, ...}: agents whose every replica's lease ran out (open ones only); the caller
--- reports each with outcome.lua "lost". A lost agent that beats again becomes "running".
+-- returns {lost, mine}: lost = {agent, ...}, agents whose every replica was silent for a whole
+-- lease while this channel was watched (open ones only); the caller reports each with
+-- outcome.lua "lost". mine = {agent, status, live replicas, ...} for the triples' agents.
+--
+-- Silence is evidence only while somebody watched. The field "\n#judged" holds when a beat of
+-- this channel last ran (the Redis clock). A gap longer than the grace since then means no
+-- process of the channel could beat: Redis was down or restarting, failing over, out of
+-- memory (every beat is refused there, this one's first write included), or every process was
+-- cut off. Nobody saw the agents then, so that time does not count against them: every
+-- deadline moves on by the gap. A replica that died before or during the gap is still found
+-- within a lease of its last beat, counting only watched time; a live one has the rest of its
+-- lease to beat again (a heartbeat retries soon after a failure).
+--
+-- One-way statuses: only an open agent (running, waiting, idle) changes status here; a
+-- completed one keeps its lease (it may serve follow-ups) and its status; failed, cancelled
+-- and lost agents are never renewed, and a lost agent stays lost.
 --
 -- A replica not seen for a whole lease past its deadline leaves the hash (after the agents it
 -- made lost were found), so processes that come and go (per-process names) never pile up.
 
-local beat, status, lease = KEYS[1], KEYS[2], tonumber(ARGV[1])
+local beat, status, lease, grace = KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
-for i = 2, #ARGV, 3 do
+local judged = '\n#judged' -- no member's name holds a control character
+local last = tonumber(redis.call('HGET', beat, judged) or '')
+redis.call('HSET', beat, judged, now) -- the first write: refused at the memory limit
+local shift = 0
+if last and now - last > grace then shift = now - last end
+
+local mine, mine_at, renewed = {}, {}, {}
+for i = 3, #ARGV, 3 do
   local agent, replica, want = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local s = redis.call('HGET', status, agent)
-  if s then
+  if s == 'running' or s == 'waiting' or s == 'idle' or s == 'completed' then
     redis.call('HSET', beat, agent .. '\n' .. replica, now + lease)
-    if s == 'lost' then redis.call('HSET', status, agent, 'running') end
-    if want ~= '' and (s == 'running' or s == 'waiting' or s == 'idle' or s == 'completed') then
+    renewed[agent .. '\n' .. replica] = true
+    if want ~= '' and want ~= s and s ~= 'completed' then
       redis.call('HSET', status, agent, want)
+      s = want
     end
+  end
+  if not mine_at[agent] then
+    mine[#mine + 1] = agent; mine[#mine + 1] = s or ''; mine[#mine + 1] = 0
+    mine_at[agent] = #mine
   end
 end
 
 local alive, seen, gone = {}, {}, {}
 local flat = redis.call('HGETALL', beat)
 for i = 1, #flat, 2 do
-  local agent = string.match(flat[i], '^(.-)\n')
+  local agent = string.match(flat[i], '^([^\n]+)\n')
   if agent then
     seen[agent] = true
-    local deadline = tonumber(flat[i + 1])
-    if deadline >= now then alive[agent] = true
+    local deadline = tonumber(flat[i + 1]) or 0
+    if shift > 0 and not renewed[flat[i]] then
+      deadline = deadline + shift
+      redis.call('HSET', beat, flat[i], deadline)
+    end
+    if deadline >= now then
+      alive[agent] = true
+      local at = mine_at[agent]
+      if at then mine[at] = mine[at] + 1 end
     elseif deadline < now - lease then gone[#gone + 1] = flat[i] end
   end
 end
@@ -46,4 +81,4 @@ for agent in pairs(seen) do
   end
 end
 table.sort(lost)
-return lost
+return {lost, mine}

@@ -38,13 +38,18 @@ if rec then
   if parent_given and parent ~= (r.parent or '') then
     return {0, 'invalid_input', name .. ' already joined with parent "' .. (r.parent or '') .. '"'}
   end
+  -- statuses go one way: an ended agent takes no new replica; a completed one does (it may
+  -- serve follow-ups) and stays completed
   local s = redis.call('HGET', status, name)
-  if s == 'failed' or s == 'cancelled' then return {0, 'agent_closed', name .. ' is ' .. s} end
-  if s ~= 'running' and s ~= 'waiting' and s ~= 'idle' then
-    redis.call('HSET', status, name, 'running')
+  if s == 'failed' or s == 'cancelled' or s == 'lost' then
+    return {0, 'agent_closed', name .. ' is ' .. s}
+  end
+  if not s then -- (a member whose status went missing)
+    soft('HSET', status, name, 'running')
     s = 'running'
   end
-  redis.call('HSET', beat, name .. '\n' .. replica, now + lease)
+  -- one more replica needs no memory (a consumer restarting at maxmemory must drain)
+  soft('HSET', beat, name .. '\n' .. replica, now + lease)
   pcall(redis.call, 'XGROUP', 'CREATE', stream, name, '$', 'MKSTREAM')
   return {1, r.id, r.depth, r.parent or '', s, 0}
 end

@@ -13,6 +13,12 @@
 --
 -- "fail", "cancel" and "lost" cancel the target's descendants: their status becomes
 -- "cancelled" and one control message (subject "cancel") wakes every one of them, on any host.
+--
+-- Statuses go one way (docs/delivery.md has the table): running, waiting and idle are open;
+-- completed, failed, cancelled and lost are terminal, and a terminal agent's status never
+-- changes again, so its parent gets exactly one outcome. A second complete() changes nothing;
+-- fail() after the end is refused; cancelling a completed child cancels its open descendants
+-- and leaves it completed; a cascade passes over terminal descendants.
 -- Only the subtree root's outcome reaches a surviving parent; the descendants' parents are
 -- themselves cancelled. Outcomes and control messages bypass caps and rates: they are never lost.
 
@@ -30,25 +36,26 @@ end
 local st = redis.call('HGET', status, target)
 if not st then return {0, 'unknown_agent', 'no such agent: ' .. target} end
 local parent = redis.call('HGET', parents, target) or ''
-local open = (st == 'running' or st == 'waiting' or st == 'idle' or st == 'completed')
+local open = (st == 'running' or st == 'waiting' or st == 'idle')
+local new_status = ({complete = 'completed', fail = 'failed', cancel = 'cancelled', lost = 'lost'})[op]
+if not new_status then return {0, 'invalid_input', 'unknown op ' .. op} end
 
 if op == 'cancel' then
   if parent ~= actor then
     return {0, 'not_permitted', 'only the parent of ' .. target .. ' may cancel it'}
   end
-  if not open then return {1, '', '', 0} end
+  -- a completed child keeps its status (its parent has its outcome); what it started is
+  -- cancelled all the same
+  if not open and st ~= 'completed' then return {1, '', '', 0} end
 elseif op == 'lost' then
-  if not open or st == 'completed' then return {1, '', '', 0} end
+  if not open then return {1, '', '', 0} end
 else
   if actor ~= target then return {0, 'not_permitted', 'an agent reports only its own outcome'} end
-  if st == 'failed' or st == 'cancelled' or st == 'lost' then
-    return {0, 'agent_closed', target .. ' is already ' .. st}
-  end
+  if st == 'completed' and op == 'complete' then return {1, '', '', 0} end -- said once
+  if not open then return {0, 'agent_closed', target .. ' is already ' .. st} end
 end
 
-local new_status = ({complete = 'completed', fail = 'failed', cancel = 'cancelled', lost = 'lost'})[op]
-if not new_status then return {0, 'invalid_input', 'unknown op ' .. op} end
-redis.call('HSET', status, target, new_status)
+if open then redis.call('HSET', status, target, new_status) else new_status = nil end
 
 -- descendants to cancel (not for "complete": a completed agent's children live on)
 local victims = {}
@@ -68,7 +75,7 @@ if op ~= 'complete' then
     head = head + 1
     for _, c in ipairs(children[n] or {}) do
       local cs = redis.call('HGET', status, c)
-      if cs == 'running' or cs == 'waiting' or cs == 'idle' or cs == 'completed' then
+      if cs == 'running' or cs == 'waiting' or cs == 'idle' then
         redis.call('HSET', status, c, 'cancelled')
         victims[#victims + 1] = c
       end
@@ -79,7 +86,7 @@ end
 
 -- one control message wakes the cancelled subtree (the target too, when it was cancelled)
 local wake = {}
-if op == 'cancel' or op == 'lost' then wake[1] = target end
+if new_status and (op == 'cancel' or op == 'lost') then wake[1] = target end
 for _, v in ipairs(victims) do wake[#wake + 1] = v end
 local control_id = ''
 if #wake > 0 then
@@ -90,7 +97,7 @@ end
 
 -- the outcome, attributed to the target, to a parent that can still receive it
 local outcome_id = ''
-if parent ~= '' then
+if parent ~= '' and new_status then
   local ps = redis.call('HGET', status, parent)
   if ps == 'running' or ps == 'waiting' or ps == 'idle' or ps == 'completed' then
     outcome_id = redis.call('XADD', stream, '*', unpack(signed({'f', target, 't', parent,

@@ -24,9 +24,14 @@
 --        "j:replay"); the first entry id of each pair is remembered KEEP_MS
 --
 -- returns the number of ops that changed something; a call that starts with an "n" op returns
--- {that number, seconds, microseconds, {replayed entry ids}}: the Redis clock it read, which
--- the fetch needs (the wait path then sends no TIME of its own), and what it rejected (left
--- out when it rejected nothing)
+-- {that number, seconds, microseconds, {replayed entry ids} or nil, status or nil}: the Redis
+-- clock it read, which the fetch needs (the wait path then sends no TIME of its own), what it
+-- rejected (nil when nothing), and the agent's status when the fetch gave it work or nothing
+-- at all (a replica of an agent that ended, cancelled while another replica was the one
+-- woken, learns it at the end of its next quiet slice)
+--
+-- At maxmemory (noeviction) read marks and statuses are skipped (see soft in _prelude.lua):
+-- acknowledging, expiring and rejecting still work, so consumers drain a full server.
 --
 -- The wait path sends this around its XREADGROUP in one pipeline: the deferred ops before it,
 -- an "n" op right after it, so the messages a wake-up returns are read at once (receipts and
@@ -43,6 +48,7 @@ local replayed = nil -- the entries an "n" op rejected as replays (made on the f
 -- so the count is kept, at the end, at least what the group still holds pending (repair.lua
 -- gives the exact count)
 local clamp = false
+local seen_status = nil -- the agent's status, as an "n" op found it (when it read it)
 
 -- reject entry `id` that failed a check, for `reason`: acknowledged, the inbox counted down,
 -- marked "J<ms>:REASON" (its receipt says rejected). Returns 1 when it was pending. (Its
@@ -62,7 +68,7 @@ for i = 2, #ARGV, 2 do
   if op == 'a' then
     changed = changed + redis.call('XACK', stream, agent, id)
   elseif op == 'r' then
-    changed = changed + redis.call('HSETNX', marks, id .. '\n' .. agent, 'R' .. now_s)
+    changed = changed + (soft('HSETNX', marks, id .. '\n' .. agent, 'R' .. now_s) or 0)
   elseif op == 'x' or op == 'd' then
     if redis.call('XACK', stream, agent, id) == 1 then
       redis.call('HINCRBY', inbox, agent, -1)
@@ -125,7 +131,7 @@ for i = 2, #ARGV, 2 do
             if not replayed then replayed = {} end
             replayed[#replayed + 1] = eid
           elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
-            changed = changed + redis.call('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s)
+            changed = changed + (soft('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s) or 0)
             got = true
           elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
             redis.call('HINCRBY', inbox, agent, -1)
@@ -144,8 +150,12 @@ for i = 2, #ARGV, 2 do
       end
     end
     if got then -- the agent has work: it runs (as op "s" with "running")
-      local s = redis.call('HGET', status, agent)
-      if s == 'waiting' or s == 'idle' then redis.call('HSET', status, agent, 'running') end
+      seen_status = redis.call('HGET', status, agent)
+      if seen_status == 'waiting' or seen_status == 'idle' then
+        if soft('HSET', status, agent, 'running') then seen_status = 'running' end
+      end
+    elseif np == 0 then -- a quiet slice: the waiting replica learns whether its agent ended
+      seen_status = redis.call('HGET', status, agent)
     end
   elseif string.sub(op, 1, 2) == 'j:' then
     local n = reject(stream, inbox, marks, agent, id, string.sub(op, 3), now_s)
@@ -153,8 +163,7 @@ for i = 2, #ARGV, 2 do
   elseif op == 's' then
     local s = redis.call('HGET', status, agent)
     if (s == 'running' or s == 'waiting' or s == 'idle') and s ~= id then
-      redis.call('HSET', status, agent, id)
-      changed = changed + 1
+      if soft('HSET', status, agent, id) then changed = changed + 1 end
     end
   end
 end
@@ -165,7 +174,6 @@ if clamp then
   end
 end
 if ARGV[2] == 'n' then
-  if replayed then return {changed, t[1], t[2], replayed} end
-  return {changed, t[1], t[2]}
+  return {changed, t[1], t[2], replayed or false, seen_status or false}
 end
 return changed
