@@ -3,6 +3,8 @@ of channel.lua, and what a janitor pass and the dead-letter stream report. No I/
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,7 +20,9 @@ from ._model import (
     DeadLetter,
     ms_to_dt,
 )
-from ._settings import BusSettings
+from ._settings import MAX_COUNT, MAX_DURATION_S, MAX_RATE, BusSettings
+
+log = logging.getLogger("redisbus")
 
 Routing = Literal["open", "family"]
 
@@ -60,6 +64,17 @@ _INT_LIMITS = frozenset(
         "breaker_failures",
     }
 )
+_DURATION_LIMITS = frozenset(
+    {"retention_s", "lease_s", "dampen_window_s", "breaker_window_s", "breaker_cooldown_s"}
+)
+
+
+def limit_range(field: str) -> float:
+    """The largest value channel limit ``field`` may hold (the smallest is 0): what every host
+    can turn into milliseconds, and every script into a number, without overflowing."""
+    if field in _INT_LIMITS:
+        return MAX_COUNT
+    return MAX_DURATION_S if field in _DURATION_LIMITS else MAX_RATE
 
 
 def fmt_number(v: float) -> str:
@@ -111,9 +126,11 @@ def plan_channel(
         if field in overrides and overrides[field] is not None:
             value = overrides[field]
             if field in _INT_LIMITS:
-                v: float = check.integer(value, field, 0, 2**31)
+                v: float = check.integer(value, field, 0, MAX_COUNT)
+            elif field in _DURATION_LIMITS:
+                v = check.duration(value, field)
             else:
-                v = check.positive_number(value, field)
+                v = check.positive_number(value, field, maximum=MAX_RATE)
             explicit = "1"
         else:
             v = float(getattr(settings, field))
@@ -144,7 +161,7 @@ def parse_channel(name: str, reply: Sequence[Any]) -> tuple[bool, ChannelConfig]
 def config_from_hash(name: str, h: Mapping[str, str]) -> ChannelConfig:
     if not h:
         raise UnknownAgent(f"no such channel: {name!r}")
-    limits = {f: float(h[f]) for f in LIMITS if f in h}
+    limits = {f: v for f in LIMITS if f in h and (v := _stored(name, f, h[f])) is not None}
     return ChannelConfig(
         name=name,
         routing="family" if h.get("routing") == "family" else "open",
@@ -153,6 +170,40 @@ def config_from_hash(name: str, h: Mapping[str, str]) -> ChannelConfig:
         limits=limits,
         created_ms=int(h.get("created_ms", "0")),
     )
+
+
+# (channel, field, stored text) already warned about: one line per poisoned value and process,
+# not one per attach; bounded, so a flood of distinct values cannot grow it without end
+_warned: set[tuple[str, str, str]] = set()
+
+
+def _stored(channel: str, field: str, raw: str) -> float | None:
+    """A stored limit as every reader may use it: within 0..limit_range(field). Meta written
+    raw (by hand, an attacker, an old version) can hold anything: a number past the range is
+    read as the range's end, anything else (text, NaN, a negative number) as missing, so each
+    reader falls back to its own default. Said once, as a warning, never raised: raising
+    would break every wait() and sweep() of the channel on every host."""
+    top = limit_range(field)
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        v = math.nan
+    if 0 <= v <= top:
+        return v
+    clamped = top if v > top else None
+    key = (channel, field, str(raw)[:64])
+    if key not in _warned:
+        if len(_warned) >= 1024:
+            _warned.clear()
+        _warned.add(key)
+        log.warning(
+            "redisbus: channel %r stores %s=%r, outside 0..%s: %s (ch.configure(%s=...) "
+            "stores a good one)",
+            channel, field, str(raw)[:64], fmt_number(top),
+            f"read as {fmt_number(top)}" if clamped is not None else "the default applies",
+            field,
+        )  # fmt: skip
+    return clamped
 
 
 def parse_dead_letters(channel: str, entries: Sequence[Any]) -> list[DeadLetter]:

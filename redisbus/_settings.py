@@ -14,12 +14,22 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_WAIT_S = 300.0
+#: The longest duration any setting or channel limit may hold: ten years. Its milliseconds
+#: (3.2e11) are exact in a double and fit every integer Redis and Python take, so no host
+#: and no script overflows turning it into milliseconds.
+MAX_DURATION_S = 10 * 365 * 24 * 3600.0
+#: The largest rate (per second) or burst: far past anything a bucket meters, far from overflow.
+MAX_RATE = 1e9
+#: The largest count (caps, budgets, depths): what the scripts and a C int hold.
+MAX_COUNT = 2**31
 
 
 class BusSettings(BaseSettings):
     """Connection, identity and default channel limits. Env prefix: ``REDISBUS_``."""
 
-    model_config = SettingsConfigDict(env_prefix="REDISBUS_", extra="ignore")
+    # NaN and infinity are refused everywhere: each field below that ends up in milliseconds
+    # or in Redis also has an upper bound (MAX_DURATION_S, MAX_RATE, MAX_COUNT)
+    model_config = SettingsConfigDict(env_prefix="REDISBUS_", extra="ignore", allow_inf_nan=False)
 
     # -- connection ---------------------------------------------------------------------------
     url: str | None = Field(
@@ -35,9 +45,11 @@ class BusSettings(BaseSettings):
     cluster: bool = Field(default=False, description="treat url as one node of a Redis Cluster")
     prefix: str = Field(default="rb", description="key prefix shared by every key of the bus")
     socket_timeout_s: float = Field(
-        default=10.0, description="a Redis reply slower than this fails"
+        default=10.0, le=MAX_DURATION_S, description="a Redis reply slower than this fails"
     )
-    connect_timeout_s: float = Field(default=5.0, description="connecting to Redis")
+    connect_timeout_s: float = Field(
+        default=5.0, le=MAX_DURATION_S, description="connecting to Redis"
+    )
     retry_attempts: int = Field(default=5, ge=0, description="retries on connection errors")
     ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://")
     ssl_certfile: str | None = Field(default=None, description="client certificate (mutual TLS)")
@@ -67,46 +79,82 @@ class BusSettings(BaseSettings):
     )
 
     # -- default channel limits (stored in Redis when a channel is created) --------------------
-    inbox_cap: int = Field(default=128, ge=1, description="undone messages per recipient")
-    max_body_bytes: int = Field(default=32 * 1024, ge=1, description="UTF-8 bytes of a body")
+    inbox_cap: int = Field(
+        default=128, ge=1, le=MAX_COUNT, description="undone messages per recipient"
+    )
+    max_body_bytes: int = Field(
+        default=32 * 1024, ge=1, le=MAX_COUNT, description="UTF-8 bytes of a body"
+    )
     max_name_chars: int = Field(
         default=128, ge=1, le=1024, description="characters of a name or subject"
     )
-    pair_rate_burst: float = Field(default=3, ge=0, description="0 disables the pair bucket")
-    pair_rate_per_s: float = Field(default=1.0, ge=0, description="pair bucket refill")
-    sender_rate_burst: float = Field(default=60, ge=0, description="0 disables it")
-    sender_rate_per_s: float = Field(default=20.0, ge=0, description="sender bucket refill")
+    pair_rate_burst: float = Field(
+        default=3, ge=0, le=MAX_RATE, description="0 disables the pair bucket"
+    )
+    pair_rate_per_s: float = Field(default=1.0, ge=0, le=MAX_RATE, description="pair bucket refill")
+    sender_rate_burst: float = Field(default=60, ge=0, le=MAX_RATE, description="0 disables it")
+    sender_rate_per_s: float = Field(
+        default=20.0, ge=0, le=MAX_RATE, description="sender bucket refill"
+    )
     max_chain_depth: int = Field(
-        default=10, ge=0, description="replies of replies, and messages sent while handling one"
+        default=10,
+        ge=0,
+        le=MAX_COUNT,
+        description="replies of replies, and messages sent while handling one",
     )
     max_chain_messages: int = Field(
         default=100,
         ge=0,
+        le=MAX_COUNT,
         description="messages one chain may hold (a message and every message sent while "
         "handling one of them, replies included), 0 = none",
     )
-    max_depth: int = Field(default=0, ge=0, description="team budget: tree depth, 0 = none")
-    max_members: int = Field(default=0, ge=0, description="team budget: members, 0 = none")
-    max_messages: int = Field(default=0, ge=0, description="team budget: messages, 0 = none")
+    max_depth: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="team budget: tree depth, 0 = none"
+    )
+    max_members: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="team budget: members, 0 = none"
+    )
+    max_messages: int = Field(
+        default=0, ge=0, le=MAX_COUNT, description="team budget: messages, 0 = none"
+    )
     retention_s: float = Field(
-        default=7 * 24 * 3600, gt=0, description="the janitor trims entries older than this"
+        default=7 * 24 * 3600,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="the janitor trims entries older than this",
     )
 
     # -- loop and runaway protection (seed 003) ------------------------------------------------
     dampen_turns: int = Field(
-        default=10, ge=0, description="back-and-forth turns between two agents, 0 = off"
+        default=10,
+        ge=0,
+        le=MAX_COUNT,
+        description="back-and-forth turns between two agents, 0 = off",
     )
     dampen_window_s: float = Field(
-        default=10.0, ge=0, description="turns closer than this count as a ping-pong"
+        default=10.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="turns closer than this count as a ping-pong",
     )
     breaker_failures: int = Field(
-        default=3, ge=0, description="dead letters of one agent that open its breaker, 0 = off"
+        default=3,
+        ge=0,
+        le=MAX_COUNT,
+        description="dead letters of one agent that open its breaker, 0 = off",
     )
     breaker_window_s: float = Field(
-        default=300.0, ge=0, description="dead letters counted within this window"
+        default=300.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="dead letters counted within this window",
     )
     breaker_cooldown_s: float = Field(
-        default=60.0, ge=0, description="an open breaker refuses sends for this long"
+        default=60.0,
+        ge=0,
+        le=MAX_DURATION_S,
+        description="an open breaker refuses sends for this long",
     )
     auto_reply_deny: list[str] = Field(
         default_factory=lambda: ["auto_responder", "message-router"],
@@ -117,15 +165,28 @@ class BusSettings(BaseSettings):
     wait_timeout_s: float = Field(
         default=30.0, gt=0, le=MAX_WAIT_S, description="wait() without a timeout"
     )
-    lease_s: float = Field(default=60.0, gt=0, description="redelivery lease of a fetched message")
-    heartbeat_s: float = Field(default=5.0, gt=0, description="replica heartbeat period")
-    agent_lease_s: float = Field(
-        default=15.0, gt=0, description="an agent none of whose replicas beat for this long is lost"
+    lease_s: float = Field(
+        default=60.0, gt=0, le=MAX_DURATION_S, description="redelivery lease of a fetched message"
     )
-    max_deliveries: int = Field(default=5, ge=1, description="then the message is dead-lettered")
+    heartbeat_s: float = Field(
+        default=5.0, gt=0, le=MAX_DURATION_S, description="replica heartbeat period"
+    )
+    agent_lease_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="an agent none of whose replicas beat for this long is lost",
+    )
+    max_deliveries: int = Field(
+        default=5, ge=1, le=MAX_COUNT, description="then the message is dead-lettered"
+    )
     durable: bool = Field(default=False, description="send() waits for a replica (WAIT)")
-    durable_replicas: int = Field(default=1, ge=1, description="replicas WAIT asks for")
-    durable_timeout_s: float = Field(default=1.0, gt=0, description="how long WAIT waits")
+    durable_replicas: int = Field(
+        default=1, ge=1, le=MAX_COUNT, description="replicas WAIT asks for"
+    )
+    durable_timeout_s: float = Field(
+        default=1.0, gt=0, le=MAX_DURATION_S, description="how long WAIT waits"
+    )
 
     # -- security -----------------------------------------------------------------------------
     signing_keys: dict[str, SecretStr] = Field(
@@ -142,10 +203,16 @@ class BusSettings(BaseSettings):
         "channels and agent names it may speak for; revoked keys. Re-read when it changes",
     )
     signing_window_s: float = Field(
-        default=60.0, gt=0, description="largest gap between signing time and entry time"
+        default=60.0,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="largest gap between signing time and entry time",
     )
     replay_keep_s: float = Field(
-        default=3600.0, gt=0, description="how long a signature's nonce is remembered"
+        default=3600.0,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="how long a signature's nonce is remembered",
     )
     unsigned: Literal["reject", "flag"] = Field(
         default="reject",

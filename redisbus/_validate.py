@@ -6,11 +6,10 @@ authority; these checks only catch what no script should ever see.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 from ._errors import InvalidInput
-from ._settings import MAX_WAIT_S
+from ._settings import MAX_DURATION_S, MAX_RATE, MAX_WAIT_S
 
 RESERVED = frozenset({"all", "parent", "me"})
 
@@ -81,31 +80,54 @@ def recipients(to: object) -> tuple[str, list[str]]:
     raise InvalidInput(f"to must be a name, a list of names or 'all', got {type(to).__name__}")
 
 
+def _shown(value: float) -> str:
+    """A refused number as an error message shows it: a huge int by its size (its digits could
+    be more than Python converts to text)."""
+    if isinstance(value, int) and abs(value) > 10**30:
+        return f"{'-' if value < 0 else ''}2**{value.bit_length() - 1} or more"
+    return repr(value)
+
+
+def _bounded(value: object, what: str, unit: str, lo: float, hi: float) -> float:
+    """A finite int or float within [lo, hi] (not a bool): the one place numbers are judged,
+    before any conversion, so an int too large for a float is refused, not an OverflowError."""
+    span = f"between {lo:.15g} and {hi:.15g}{unit}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"{what} must be a number {span}, got {type(value).__name__}")
+    if not lo <= value <= hi:  # NaN compares false: refused here too
+        raise InvalidInput(f"{what} must be {span}, got {_shown(value)}")
+    return float(value)
+
+
 def seconds(
     value: object, what: str, *, maximum: float = MAX_WAIT_S, allow_zero: bool = True
 ) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{what} must be a number of seconds, got {type(value).__name__}")
-    v = float(value)
-    if math.isnan(v) or v < 0 or (v == 0 and not allow_zero):
-        raise InvalidInput(f"{what} must be {'>= 0' if allow_zero else '> 0'} seconds, got {value}")
-    if v > maximum:
-        raise InvalidInput(f"{what} must be at most {maximum:g} seconds, got {value}")
+    v = _bounded(value, what, " seconds", 0.0, maximum)
+    if v == 0 and not allow_zero:
+        raise InvalidInput(f"{what} must be more than 0 and at most {maximum:.15g} seconds")
     return v
+
+
+def duration(value: object, what: str) -> float:
+    """Seconds that end up as milliseconds in Redis: 0 up to ten years."""
+    return seconds(value, what, maximum=MAX_DURATION_S)
 
 
 def integer(value: object, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{what} must be an integer, got {type(value).__name__}")
+        kind = type(value).__name__
+        raise InvalidInput(f"{what} must be an integer between {lo} and {hi}, got {kind}")
     if not lo <= value <= hi:
-        raise InvalidInput(f"{what} must be between {lo} and {hi}, got {value}")
+        raise InvalidInput(f"{what} must be between {lo} and {hi}, got {_shown(value)}")
     return value
 
 
-def positive_number(value: object, what: str, *, allow_zero: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"{what} must be a number, got {type(value).__name__}")
-    v = float(value)
-    if math.isnan(v) or math.isinf(v) or v < 0 or (v == 0 and not allow_zero):
-        raise InvalidInput(f"{what} must be a finite number >= 0, got {value}")
+def positive_number(
+    value: object, what: str, *, allow_zero: bool = True, maximum: float = MAX_RATE
+) -> float:
+    """A finite number from 0 (or above 0) up to ``maximum``: by default MAX_RATE, whose
+    thousandfold (milliseconds, per-mille refills) is still an exact integer."""
+    v = _bounded(value, what, "", 0.0, maximum)
+    if v == 0 and not allow_zero:
+        raise InvalidInput(f"{what} must be more than 0 and at most {maximum:.15g}")
     return v

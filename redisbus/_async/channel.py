@@ -145,6 +145,8 @@ class AsyncChannel:
     ) -> core.SweepReport:
         """One janitor pass: dead-letter over-delivered messages, trim what every group has
         acknowledged (or what is older than the retention), drop idle empty consumers."""
+        idle_ms = int(check.duration(consumer_idle_s, "consumer_idle_s") * 1000)
+        per_call = check.integer(batch, "batch", 1, 100_000)
         cfg, s = self.config.limits, self.bus.settings
         k = self.keys
         reply = await self.bus._io.script(
@@ -154,8 +156,8 @@ class AsyncChannel:
                 int(float(cfg.get("lease_s", s.lease_s)) * 1000),
                 int(cfg.get("max_deliveries", s.max_deliveries)),
                 int(float(cfg.get("retention_s", s.retention_s)) * 1000),
-                int(consumer_idle_s * 1000),
-                check.integer(batch, "batch", 1, 100_000),
+                idle_ms,
+                per_call,
             ],
         )
         return core.SweepReport(*(int(x) for x in reply))
