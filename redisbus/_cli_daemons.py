@@ -188,7 +188,9 @@ def janitor(
         typer.Option(
             "--once",
             envvar="REDISBUS_JANITOR_ONCE",
-            help="One pass: print its report and exit (1 when a channel failed).",
+            help="One pass over every channel: print its report and exit. A channel that "
+            "fails is logged in one line and skipped, the rest are swept all the same; the "
+            "exit status is then 1, given after the whole pass.",
         ),
     ] = False,
     log_level: LogLevelOpt = "INFO",
@@ -196,7 +198,9 @@ def janitor(
     """Reclaim nothing it cannot handle, dead-letter the undeliverable, trim: every channel.
 
     Writes, so it runs as the agent hosts' Redis user (the exporter's is read-only). Several
-    janitors may run at once. Runs until SIGTERM or Ctrl-C unless --once.
+    janitors may run at once. Runs until SIGTERM or Ctrl-C unless --once. A channel that
+    fails is skipped, never the channels after it; a Redis outage is logged when passes start
+    failing and when they succeed again.
     """
     from .exporter import ExporterSettings  # heavy (prometheus_client): only for its default
 
@@ -213,7 +217,8 @@ def janitor(
             r = sweep_all(bus, batch=batch)
             sys.stdout.write(
                 f"{r.channels} channels: {r.trimmed} trimmed, {r.dead_lettered} dead-lettered, "
-                f"{r.consumers_removed} consumers removed, {r.expired_undone} expired undone\n"
+                f"{r.consumers_removed} consumers removed, {r.expired_undone} expired undone, "
+                f"{r.failed} failed\n"
             )
             if r.errors:
                 more = f" (and {len(r.errors) - 1} more)" if len(r.errors) > 1 else ""

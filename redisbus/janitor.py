@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from ._core import SweepReport
@@ -23,16 +24,19 @@ log = logging.getLogger("redisbus.janitor")
 
 @dataclass
 class JanitorReport:
-    channels: int = 0
+    channels: int = 0  # swept to the end
     trimmed: int = 0
     dead_lettered: int = 0
     consumers_removed: int = 0
     expired_undone: int = 0
     rate_pruned: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # "channel: error", one per failed channel
+
+    @property
+    def failed(self) -> int:
+        return len(self.errors)
 
     def add(self, r: SweepReport) -> None:
-        self.channels += 1
         self.trimmed += r.trimmed
         self.dead_lettered += r.dead_lettered
         self.consumers_removed += r.consumers_removed
@@ -40,9 +44,20 @@ class JanitorReport:
         self.rate_pruned += r.rate_pruned
 
 
-def sweep_all(bus: Bus, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600) -> JanitorReport:
+def sweep_all(
+    bus: Bus,
+    *,
+    batch: int = 1000,
+    consumer_idle_s: float = 24 * 3600,
+    known: dict[str, str] | None = None,
+) -> JanitorReport:
     """One pass over every channel; each channel is swept until nothing is left to trim and
-    its rate fields have all been looked at once."""
+    its rate fields have all been looked at once.
+
+    A channel that fails (whatever the error) is logged in one line, counted in the report's
+    ``errors`` and skipped: the channels after it are swept all the same. ``known``: channel
+    -> error of the previous pass, kept by a caller that runs pass after pass; a channel
+    failing as it did then is not logged again, one that works again is logged once."""
     report = JanitorReport()
     for name in bus.channels():
         try:
@@ -50,13 +65,19 @@ def sweep_all(bus: Bus, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
             while True:
                 r = ch.sweep(batch=batch, consumer_idle_s=consumer_idle_s)
                 report.add(r)
-                report.channels -= 1
                 if r.trimmed < batch and not r.rate_scanning:
                     break
             report.channels += 1
-        except RedisbusError as e:
-            report.errors.append(f"{name}: {e}")
-            log.warning("janitor: channel %s: %s", name, e)
+        except Exception as e:  # one bad channel must not keep the janitor from the rest
+            error = str(e) if isinstance(e, RedisbusError) else f"{type(e).__name__}: {e}"
+            report.errors.append(f"{name}: {error}")
+            if known is None or known.get(name) != error:
+                log.warning("janitor: channel %s failed, skipped: %s", name, error)
+            if known is not None:
+                known[name] = error
+        else:
+            if known is not None and known.pop(name, None) is not None:
+                log.info("janitor: channel %s is swept again", name)
     if report.dead_lettered:
         bus.metrics.dead_lettered(report.dead_lettered)
     return report
@@ -66,20 +87,23 @@ def run(
     bus: Bus, interval_s: float = 10.0, stop: threading.Event | None = None, *, batch: int = 1000
 ) -> None:
     """Sweep every ``interval_s`` until ``stop`` is set. A failed pass (Redis restarting,
-    unreachable) is logged and the next one tried: a daemon outlives a Redis outage."""
+    unreachable) is logged once, when passes start failing, and once when they succeed
+    again: a daemon outlives a Redis outage without a line per pass."""
     stop = stop or threading.Event()
-    failing = False
+    failing_since: float | None = None
+    known: dict[str, str] = {}  # channels failing, with their error: each logged once
     while not stop.is_set():
         try:
-            r = sweep_all(bus, batch=batch)
+            r = sweep_all(bus, batch=batch, known=known)
         except RedisbusError as e:
-            if not failing:
+            if failing_since is None:
+                failing_since = time.monotonic()
                 log.warning("janitor: pass failed, retrying every %g s: %s", interval_s, e)
-            failing = True
         else:
-            if failing:
-                log.info("janitor: passes succeed again")
-            failing = False
+            if failing_since is not None:
+                log.info("janitor: passes succeed again, after failing for %.1f s",
+                         time.monotonic() - failing_since)  # fmt: skip
+            failing_since = None
             log.info(
                 "janitor: %d channels, %d trimmed, %d dead-lettered, %d consumers removed",
                 r.channels, r.trimmed, r.dead_lettered, r.consumers_removed,
