@@ -8,19 +8,17 @@ code gets the twins of the same names."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core as core
+from ._outage import Outage
 
 if TYPE_CHECKING:
     from ._io_async import IO
     from ._model import Message
 
 __all__ = ["Coalescer", "Event", "Handler", "Heart", "Semaphore", "run_all", "sleep"]
-
-log = logging.getLogger("redisbus")
 
 Event = asyncio.Event
 Semaphore = asyncio.Semaphore
@@ -83,15 +81,18 @@ class Heart:
             await asyncio.wait({task}, timeout=HALT_S)
 
     async def _run(self) -> None:
+        outage = Outage("heartbeat", self.period_s)
         while not self.stopped:
             await asyncio.sleep(self.period_s)
             if self.stopped:
                 return
             try:
                 await self.beat(self.groups())
-            except Exception:  # never let the heartbeat die: the bus's agents would look lost
+            except Exception as e:  # never let the heartbeat die: the agents would look lost
                 if not self.stopped:
-                    log.exception("redisbus: heartbeat failed; retrying next period")
+                    outage.failed(e)
+            else:
+                outage.succeeded()
 
 
 class Coalescer:

@@ -7,19 +7,18 @@ two faces truly differ. The generated code in ``_sync/`` uses only the names bel
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from ._outage import Outage
 
 if TYPE_CHECKING:
     from ._io_sync import IO
     from ._model import Message
 
 __all__ = ["Coalescer", "Event", "Handler", "Heart", "Semaphore", "run_all", "sleep"]
-
-log = logging.getLogger("redisbus")
 
 Event = threading.Event
 Semaphore = threading.Semaphore
@@ -85,11 +84,14 @@ class Heart:
             t.join(timeout=HALT_S)
 
     def _run(self) -> None:
+        outage = Outage("heartbeat", self.period_s)
         while not self.stop.wait(self.period_s):
             try:
                 self.beat(self.groups())
-            except Exception:  # never let the heartbeat die: the bus's agents would look lost
-                log.exception("redisbus: heartbeat failed; retrying next period")
+            except Exception as e:  # never let the heartbeat die: the agents would look lost
+                outage.failed(e)
+            else:
+                outage.succeeded()
 
 
 class Coalescer:
