@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -231,6 +232,51 @@ class AgentState:
     def _sort(self, messages: builtins.list[Message], outcomes: builtins.list[Message]) -> None:
         for m in messages:
             (outcomes if m.type == "outcome" else self._held).append(m)
+
+
+#: The consumers the open handles of this process serve, by (bus, stream key, agent name)
+_CONSUMERS: dict[tuple[int, str, str], set[str]] = {}
+_CONSUMERS_LOCK = threading.Lock()
+
+
+def take_consumer(bus: Any, stream: str, agent: str, replica: str) -> str:
+    """The consumer name of a new handle of ``agent``: ``replica``, or ``replica#2``, ``#3``…
+    while another open handle of this process serves the agent under it. Two handles sharing a
+    consumer would both be handed the same message (each reads the consumer's pending list);
+    as separate replicas, each message goes to one of them."""
+    key = (id(bus), stream, agent)
+    with _CONSUMERS_LOCK:
+        taken = _CONSUMERS.setdefault(key, set())
+        name, n = replica, 1
+        while name in taken:
+            n += 1
+            name = f"{replica}#{n}"
+        taken.add(name)
+    if n > 1:
+        log.info(
+            "redisbus: %s already has a handle in this process as %s; this one serves it as %s",
+            agent,
+            replica,
+            name,
+        )
+    return name
+
+
+def give_back_consumer(bus: Any, stream: str, agent: str, replica: str) -> None:
+    """A handle closed: its consumer name is free for the next handle of this process."""
+    with _CONSUMERS_LOCK:
+        taken = _CONSUMERS.get((id(bus), stream, agent))
+        if taken is not None:
+            taken.discard(replica)
+            if not taken:
+                del _CONSUMERS[(id(bus), stream, agent)]
+
+
+def give_back_consumers(bus: Any) -> None:
+    """A bus closed: every consumer name its handles held is free."""
+    with _CONSUMERS_LOCK:
+        for key in [k for k in _CONSUMERS if k[0] == id(bus)]:
+            del _CONSUMERS[key]
 
 
 def message_ids(message: Any) -> builtins.list[str]:

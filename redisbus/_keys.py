@@ -74,7 +74,16 @@ class ChannelKeys:
     @property
     def view(self) -> list[str]:
         """KEYS of view.lua."""
-        return [self.stream, self.inbox, self.marks, self.nonces, self.nonce_at]
+        return [
+            self.stream,
+            self.inbox,
+            self.marks,
+            self.nonces,
+            self.nonce_at,
+            self.dlq,
+            self.rate,
+            self.meta,
+        ]
 
     @property
     def settle(self) -> list[str]:

@@ -174,14 +174,17 @@ def parse_view(
     """The messages of a view reply; entries that fail the signature checks are left out, and
     those addressed to ``agent`` are listed in ``rejected`` as (entry id, reason)."""
     out = []
-    for entry_id, flat, mark in reply[VIEW_ENTRIES:]:
+    for entry_id, flat, mark, *handed in reply[VIEW_ENTRIES:]:
         f = fields_from_flat(flat)
         ok, reason = verdict(signer, unsigned, channel, entry_id, f, agent, agent_id)
         if reason:
             if rejected is not None and addressed_to(f, agent):
                 rejected.append((entry_id, reason))
             continue
-        msg = message_from_fields(channel, entry_id, f, read=(mark != ""), verified=ok)
+        n = int(handed[0]) if handed and int(handed[0]) > 0 else 1
+        msg = message_from_fields(
+            channel, entry_id, f, read=(mark != ""), verified=ok, deliveries=n
+        )
         if preview_chars is not None and len(msg.body) > preview_chars:
             msg = replace(msg, body=msg.body[:preview_chars], truncated=True)
         out.append(msg)

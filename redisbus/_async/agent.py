@@ -15,7 +15,7 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
-from .._agent import ENDED, AgentState, message_ids
+from .._agent import ENDED, AgentState, give_back_consumer, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
 from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
 from .._tasks_async import sleep
@@ -624,6 +624,7 @@ class AsyncAgent(AgentState):
         reported lost) and write pending bookkeeping (none is left to write once the bus itself
         was closed)."""
         self._bus._heart.remove(self)
+        give_back_consumer(self._bus, self._keys.stream, self.name, self.replica)
         if not self._bus._io.closed:
             await self._bus._release([self])
             await self.flush()

@@ -15,7 +15,7 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
-from .._agent import HANDLING
+from .._agent import HANDLING, give_back_consumers
 from .._errors import RedisbusError
 from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
@@ -225,6 +225,7 @@ class AsyncBus:
         if self._closed:
             return
         self._closed = True
+        give_back_consumers(self)
         await self._heart.halt()
         try:
             await self._release([a for g in self._heart.groups() for a in g.values()])

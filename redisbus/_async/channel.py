@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _core as core
 from .. import _validate as check
+from .._agent import give_back_consumer, take_consumer
 from .._errors import InvalidInput, NotPermitted
 from .._filters import check_entry_id
 from .._keys import ChannelKeys
@@ -60,22 +61,29 @@ class AsyncChannel:
             # as it either
             raise NotPermitted(f"this host's key may not speak for {agent!r} on {self.name!r}")
         k = self.keys
-        reply = await self.bus._io.script(
-            "join",
-            [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
-            [
-                agent,
-                parent or "",
-                "1" if parent is not None else "0",
-                core.new_agent_id(),
-                rep,
-                s.host,
-                desc,
-                json.dumps(sk),
-                int(s.agent_lease_s * 1000),  # the heartbeat deadline, not a message's lease
-            ],
-        )
-        core.raise_if_refused(reply)
+        # a second handle of the agent in this process is a replica of its own
+        rep = take_consumer(self.bus, k.stream, agent, rep)
+        argv = [
+            agent,
+            parent or "",
+            "1" if parent is not None else "0",
+            core.new_agent_id(),
+            rep,
+            s.host,
+            desc,
+            json.dumps(sk),
+            int(s.agent_lease_s * 1000),  # the heartbeat deadline, not a message's lease
+        ]
+        try:
+            reply = await self.bus._io.script(
+                "join",
+                [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+                argv,
+            )
+            core.raise_if_refused(reply)
+        except BaseException:
+            give_back_consumer(self.bus, k.stream, agent, rep)
+            raise
         _, agent_id, depth, parent_name, _status, _created = reply
         handle = AsyncAgent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
         handle.slots = slots

@@ -16,7 +16,7 @@ from typing import Any
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
-from .._agent import HANDLING
+from .._agent import HANDLING, give_back_consumers
 from .._errors import RedisbusError
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
@@ -222,6 +222,7 @@ class Bus:
         if self._closed:
             return
         self._closed = True
+        give_back_consumers(self)
         self._heart.halt()
         try:
             self._release([a for g in self._heart.groups() for a in g.values()])

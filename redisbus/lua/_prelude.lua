@@ -82,7 +82,9 @@ local function seen_before(nonces, nonce_at, id, sig, now, record)
 end
 
 -- copy entry `id` (its fields `f`), delivered `deliveries` times to `agent`, to the
--- dead-letter stream `dlq` (the caller acknowledges it and counts the inbox down)
+-- dead-letter stream `dlq` (the caller acknowledges it and counts the inbox down). Returns
+-- false when Redis is at maxmemory (see soft): the caller then leaves the entry pending, to be
+-- dead-lettered once there is room
 local function dead_letter(dlq, id, agent, deliveries, f, now)
   local fields = {'o', id, 'a', agent, 'n', tostring(deliveries), 'w', 'max_deliveries',
     'dead_ms', tostring(now)}
@@ -90,7 +92,7 @@ local function dead_letter(dlq, id, agent, deliveries, f, now)
   for i = 1, #f, 2 do
     if f[i] ~= 'a' then fields[#fields + 1] = f[i]; fields[#fields + 1] = f[i + 1] end
   end
-  redis.call('XADD', dlq, '*', unpack(fields))
+  return soft('XADD', dlq, '*', unpack(fields)) ~= false
 end
 
 -- circuit breaker: count a dead letter of `who` in the channel's rate hash; enough within the

@@ -53,7 +53,7 @@ local function hand(id, n, min_idle)
   local mark = redis.call('HGET', marks, key)
   local handed = mark and tonumber(n) or 0
   if handed >= max_deliveries then
-    dead_letter(dlq, id, agent, handed, e[2], now)
+    if not dead_letter(dlq, id, agent, handed, e[2], now) then return end -- (no room yet)
     redis.call('XACK', stream, agent, id)
     redis.call('HINCRBY', inbox, agent, -1)
     redis.call('HSET', marks, key, 'F' .. now .. ':max_deliveries')
@@ -63,15 +63,16 @@ local function hand(id, n, min_idle)
   end
   local ttl = not mark and field(e[2], 'x')
   if ttl and tonumber(string.match(id, '^(%d+)')) + tonumber(ttl) * 1000 < now then
-    redis.call('XACK', stream, agent, id)
-    redis.call('HINCRBY', inbox, agent, -1)
-    redis.call('HSET', marks, key, 'X' .. now)
+    if redis.call('XACK', stream, agent, id) == 1 then
+      redis.call('HINCRBY', inbox, agent, -1)
+      redis.call('HSET', marks, key, 'X' .. now)
+    end
     return
   end
   local got = redis.call('XCLAIM', stream, agent, consumer, min_idle, id,
     'RETRYCOUNT', handed + 1, 'JUSTID')
   if got[1] then
-    if not mark then redis.call('HSET', marks, key, 'R' .. now) end
+    if not mark then soft('HSET', marks, key, 'R' .. now) end
     claimed[#claimed + 1] = {id, e[2], handed + 1}
   end
 end

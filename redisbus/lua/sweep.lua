@@ -64,13 +64,11 @@ for n = 0, #groups - 1 do
       -- hand-outs (claim.lua): the counter, once the entry was handed out and marked read
       local key = p[1] .. '\n' .. name
       local due = tonumber(p[4]) >= max_deliveries and redis.call('HEXISTS', marks, key) == 1
+      local e = due and redis.call('XRANGE', stream, p[1], p[1])[1]
+      if e and not dead_letter(dlq, p[1], name, p[4], e[2], now) then due = false end -- (no room)
       if due then
-        local e = redis.call('XRANGE', stream, p[1], p[1])[1]
-        if e then
-          dead_letter(dlq, p[1], name, p[4], e[2], now)
-          redis.call('HSET', marks, key, 'F' .. now .. ':max_deliveries')
-        end
         if redis.call('XACK', stream, name, p[1]) == 1 then
+          if e then redis.call('HSET', marks, key, 'F' .. now .. ':max_deliveries') end
           redis.call('HINCRBY', inbox, name, -1)
           dead = dead + 1
           trip(meta, rate, name, now)
@@ -98,12 +96,12 @@ for n = 0, #groups - 1 do
   finished = name
   if n == #groups - 1 then finished = '' end -- a full round: start from the first next time
 end
-if finished ~= resume then redis.call('HSET', meta, 'sweep_after', finished) end
+if finished ~= resume then soft('HSET', meta, 'sweep_after', finished) end
 
 -- 2. trim the prefix of the stream that nobody needs: entries whose every recipient is done
 --    with them (done, dead-lettered or expired), and entries older than the retention
 local cut_ms = now - retention
-local doomed, expired = {}, 0
+local doomed, expired, retired = {}, 0, {}
 local cursor, stop = '-', false
 while not stop and #doomed < budget do
   local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.min(200, budget - #doomed))
@@ -122,7 +120,7 @@ while not stop and #doomed < budget do
     for _, name in ipairs(undone) do
       -- undone and past retention: retire it so counters stay true
       pcall(redis.call, 'XACK', stream, name, id) -- if it was pending
-      redis.call('HINCRBY', inbox, name, -1)
+      retired[name] = (retired[name] or 0) + 1 -- counted down once the trim freed memory
       expired = expired + 1
     end
     doomed[#doomed + 1] = e
@@ -144,6 +142,7 @@ local trimmed = 0
 if #doomed > 0 then
   trimmed = redis.call('XTRIM', stream, 'MINID', next_id(doomed[#doomed][1]))
 end
+for name, n in pairs(retired) do soft('HINCRBY', inbox, name, -n) end
 
 -- 4. send.lua writes a field per sender, pair, dampened pair, breaker and chain: a broadcast
 --    to n members writes n. Drop those that read the same as no field: a token bucket
@@ -200,7 +199,7 @@ repeat
 until scan == '0' or examined >= budget
 round = round + pruned
 if scan ~= '0' then
-  redis.call('HSET', rate, '#scan', scan .. ' ' .. round)
+  soft('HSET', rate, '#scan', scan .. ' ' .. round)
 else
   redis.call('HDEL', rate, '#scan')
   local left = redis.call('HLEN', rate)

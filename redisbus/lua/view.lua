@@ -3,6 +3,8 @@
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] nonces  KEYS[5] nonce times
 --   (the replay record of settle.lua: "kid:nonce" -> first entry id, and when it was seen)
+-- KEYS[6] dlq  KEYS[7] rate  KEYS[8] meta (a read past max_deliveries dead-letters, as
+--   claim.lua does)
 -- ARGV[1]  agent (its group)   ARGV[2] consumer (replica)
 -- ARGV[3]  "1": fetch new entries first (read) — entries not addressed to the agent are
 --          acknowledged at once, the others stay pending until done; "0": change nothing (list)
@@ -27,7 +29,14 @@
 --   ("p", "n", "f" tokens: later entries follow; "v": earlier ones, newest-first scans), or
 --   the fetch did ("a": fetch more, then select again)
 --   mark is "" (unread, or not addressed to the agent), "-" (not addressed to the agent),
---   or the receipt mark ("R..." read, "D..." done); rejected ("J...") entries are left out
+--   or the receipt mark ("R..." read, "D..." done); rejected ("J...") entries are left out;
+--   handed is, for read (ARGV[4] "1"), how many times the message was handed to the agent,
+--   this read included (0: not one it holds: done, or not addressed to it)
+--
+-- A read hands out what it returns as a wait does: an entry addressed to the agent and not
+-- done is claimed by this replica (its lease starts again) with its hand-out count one up
+-- (claim.lua's count); one already handed out max_deliveries times is dead-lettered instead
+-- of returned. At maxmemory (noeviction) read marks are skipped, as in settle.lua.
 --
 -- Unread messages are found without walking the stream: they are the group's pending entries
 -- not marked read (looked up by id from XPENDING), then, for list (no fetch), the entries after
@@ -35,6 +44,7 @@
 -- one. Work is bounded: at most 20000 entries fetched and 20000 examined per call.
 
 local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
+local dlq, rate, meta = KEYS[6], KEYS[7], KEYS[8]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -100,6 +110,13 @@ local function reject_copy(id)
   end
 end
 
+local dead = 0 -- entries this read dead-lettered
+local most = nil
+local function max_deliveries() -- (read once, when a read first needs it)
+  if not most then most = tonumber(redis.call('HGET', meta, 'max_deliveries') or '') or 5 end
+  return most
+end
+
 local more = 0 -- 1: the fetch stopped at its cap with entries left (call again)
 if pull then
   local fetched = 0
@@ -152,10 +169,27 @@ local function consider(e)
     if mine and mark_read then reject_copy(id) end
     return
   end
-  if mine and mark_read and mk == '' then
-    redis.call('HSET', marks, id .. '\n' .. agent, 'R' .. now)
+  local handed = 0
+  if mine and mark_read then
+    local p = redis.call('XPENDING', stream, agent, id, id, 1)[1]
+    if p then -- not done: this read hands it out (with no mark, it never was before)
+      local before = mk == '' and 0 or tonumber(p[4])
+      if before >= max_deliveries() then
+        if dead_letter(dlq, id, agent, before, f, now)
+          and redis.call('XACK', stream, agent, id) == 1 then
+          redis.call('HINCRBY', inbox, agent, -1)
+          redis.call('HSET', marks, id .. '\n' .. agent, 'F' .. now .. ':max_deliveries')
+          trip(meta, rate, agent, now)
+          dead = dead + 1
+          return
+        end
+      end
+      redis.call('XCLAIM', stream, agent, consumer, 0, id, 'RETRYCOUNT', before + 1, 'JUSTID')
+      handed = before + 1
+    end
+    if mk == '' then soft('HSET', marks, id .. '\n' .. agent, 'R' .. now) end
   end
-  out[#out + 1] = {id, f, mk}
+  out[#out + 1] = {id, f, mk, handed}
   found = found + 1
 end
 
