@@ -80,6 +80,11 @@ class AgentState:
         self.slots: Any = None
         self._wait_ns: int | None = None  # when the current wait() began (for its span)
 
+    @property
+    def beat_field(self) -> str:
+        """This replica's field in the channel's beat hash (its lease deadline)."""
+        return f"{self.name}\n{self.replica}"
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.channel.name!r}>"
 

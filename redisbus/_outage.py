@@ -12,6 +12,10 @@ import time
 
 __all__ = ["Outage"]
 
+#: While a loop's work fails, it tries again this often (at most every period): a heartbeat
+#: must beat soon after Redis is back, or a live replica's lease could run out meanwhile
+RETRY_S = 0.5
+
 log = logging.getLogger("redisbus")
 
 
@@ -36,6 +40,10 @@ class Outage:
             "redisbus: %s failing (%s: %s); retrying every %g s, quietly until it works again",
             self.what, type(error).__name__, error, self.period_s,
         )  # fmt: skip
+
+    def pause(self, period_s: float) -> float:
+        """How long to wait before the next try: the period, or less while failing."""
+        return min(period_s, RETRY_S) if self.since is not None else period_s
 
     def succeeded(self) -> None:
         if self.since is None:

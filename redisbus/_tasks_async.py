@@ -44,19 +44,20 @@ class Heart:
     ) -> None:
         self.period_s = period_s
         self.beat = beat
-        self.agents: dict[str, dict[str, Any]] = {}  # stream key -> name -> handle
+        # stream key -> "NAME\nREPLICA" -> handle (two handles of one agent are two replicas)
+        self.agents: dict[str, dict[str, Any]] = {}
         self.task: asyncio.Task[None] | None = None
         self.stopped = (
             False  # set by halt/cancel: the task ends at its next turn, and no new one starts
         )
 
     def add(self, agent: Any) -> None:
-        self.agents.setdefault(agent._keys.stream, {})[agent.name] = agent
+        self.agents.setdefault(agent._keys.stream, {})[agent.beat_field] = agent
         if self.task is None and not self.stopped:
             self.task = asyncio.get_running_loop().create_task(self._run())
 
     def remove(self, agent: Any) -> None:
-        self.agents.get(agent._keys.stream, {}).pop(agent.name, None)
+        self.agents.get(agent._keys.stream, {}).pop(agent.beat_field, None)
 
     def groups(self) -> list[dict[str, Any]]:
         return [dict(v) for v in self.agents.values() if v]
@@ -83,7 +84,7 @@ class Heart:
     async def _run(self) -> None:
         outage = Outage("heartbeat", self.period_s)
         while not self.stopped:
-            await asyncio.sleep(self.period_s)
+            await asyncio.sleep(outage.pause(self.period_s))
             if self.stopped:
                 return
             try:

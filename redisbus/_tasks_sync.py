@@ -50,14 +50,15 @@ class Heart:
     def __init__(self, period_s: float, beat: Callable[[list[dict[str, Any]]], None]) -> None:
         self.period_s = period_s
         self.beat = beat
-        self.agents: dict[str, dict[str, Any]] = {}  # stream key -> name -> handle
+        # stream key -> "NAME\nREPLICA" -> handle (two handles of one agent are two replicas)
+        self.agents: dict[str, dict[str, Any]] = {}
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
     def add(self, agent: Any) -> None:
         with self.lock:
-            self.agents.setdefault(agent._keys.stream, {})[agent.name] = agent
+            self.agents.setdefault(agent._keys.stream, {})[agent.beat_field] = agent
             if self.thread is None:
                 self.thread = threading.Thread(
                     target=self._run, name="redisbus-heartbeat", daemon=True
@@ -66,7 +67,7 @@ class Heart:
 
     def remove(self, agent: Any) -> None:
         with self.lock:
-            self.agents.get(agent._keys.stream, {}).pop(agent.name, None)
+            self.agents.get(agent._keys.stream, {}).pop(agent.beat_field, None)
 
     def groups(self) -> list[dict[str, Any]]:
         with self.lock:
@@ -85,7 +86,7 @@ class Heart:
 
     def _run(self) -> None:
         outage = Outage("heartbeat", self.period_s)
-        while not self.stop.wait(self.period_s):
+        while not self.stop.wait(outage.pause(self.period_s)):
             try:
                 self.beat(self.groups())
             except Exception as e:  # never let the heartbeat die: the agents would look lost

@@ -189,7 +189,7 @@ class AsyncBus:
         reported lost when they run out; so are these, if Redis cannot be reached now."""
         by_key: dict[str, builtins.list[str]] = {}
         for a in agents:
-            by_key.setdefault(a._keys.beat, []).append(f"{a.name}\n{a.replica}")
+            by_key.setdefault(a._keys.beat, []).append(a.beat_field)
         for key, fields in by_key.items():
             try:
                 await self._io.call(self._io.r.hdel, key, *fields, retry=False)
