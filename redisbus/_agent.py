@@ -239,24 +239,28 @@ class AgentState:
             (outcomes if m.type == "outcome" else self._held).append(m)
 
 
-#: The consumers the open handles of this process serve, by (bus, stream key, agent name)
-_CONSUMERS: dict[tuple[int, str, str], set[str]] = {}
+#: The consumers the open handles of this process serve, by (server, stream key, agent
+#: name): each consumer name with the bus whose handle holds it
+_CONSUMERS: dict[tuple[str, str, str], dict[str, int]] = {}
 _CONSUMERS_LOCK = threading.Lock()
+
+
+def _server(bus: Any) -> str:
+    return str(bus.url or id(bus))
 
 
 def take_consumer(bus: Any, stream: str, agent: str, replica: str) -> str:
     """The consumer name of a new handle of ``agent``: ``replica``, or ``replica#2``, ``#3``…
-    while another open handle of this process serves the agent under it. Two handles sharing a
-    consumer would both be handed the same message (each reads the consumer's pending list);
-    as separate replicas, each message goes to one of them."""
-    key = (id(bus), stream, agent)
+    while another open handle of this process (of any bus on the same server) serves the agent
+    under it. Two handles sharing a consumer would both be handed the same message (each reads
+    the consumer's pending list); as separate replicas, each message goes to one of them."""
     with _CONSUMERS_LOCK:
-        taken = _CONSUMERS.setdefault(key, set())
+        taken = _CONSUMERS.setdefault((_server(bus), stream, agent), {})
         name, n = replica, 1
         while name in taken:
             n += 1
             name = f"{replica}#{n}"
-        taken.add(name)
+        taken[name] = id(bus)
     if n > 1:
         log.info(
             "redisbus: %s already has a handle in this process as %s; this one serves it as %s",
@@ -270,18 +274,22 @@ def take_consumer(bus: Any, stream: str, agent: str, replica: str) -> str:
 def give_back_consumer(bus: Any, stream: str, agent: str, replica: str) -> None:
     """A handle closed: its consumer name is free for the next handle of this process."""
     with _CONSUMERS_LOCK:
-        taken = _CONSUMERS.get((id(bus), stream, agent))
-        if taken is not None:
-            taken.discard(replica)
+        key = (_server(bus), stream, agent)
+        taken = _CONSUMERS.get(key)
+        if taken is not None and taken.get(replica) == id(bus):
+            del taken[replica]
             if not taken:
-                del _CONSUMERS[(id(bus), stream, agent)]
+                del _CONSUMERS[key]
 
 
 def give_back_consumers(bus: Any) -> None:
     """A bus closed: every consumer name its handles held is free."""
     with _CONSUMERS_LOCK:
-        for key in [k for k in _CONSUMERS if k[0] == id(bus)]:
-            del _CONSUMERS[key]
+        for key, taken in list(_CONSUMERS.items()):
+            for name in [n for n, owner in taken.items() if owner == id(bus)]:
+                del taken[name]
+            if not taken:
+                del _CONSUMERS[key]
 
 
 def message_ids(message: Any) -> builtins.list[str]:

@@ -37,7 +37,8 @@ end
 local function soft(...)
   local r = redis.pcall(...)
   if type(r) == 'table' and r.err then
-    if string.sub(r.err, 1, 3) == 'OOM' then return false end
+    -- ("OOM command not allowed …"; Redis 6.2 puts where it happened in front)
+    if string.find(r.err, 'OOM command not allowed', 1, true) then return false end
     error(r.err)
   end
   return r
