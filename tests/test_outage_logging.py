@@ -112,3 +112,47 @@ async def test_async_heartbeat_logs_one_line_when_failing_and_one_when_recovered
         await asyncio.sleep(3 * PERIOD_S)
 
     assert_two_lines(caplog)
+
+
+def test_serve_waits_out_an_outage_and_handles_what_comes_after(
+    own_server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # given: b served in a thread (sync face), a sender on a second bus
+    import threading
+
+    from redisbus._tasks_sync import Event
+
+    caplog.set_level(logging.INFO, logger="redisbus")
+    handled: list[str] = []
+    stop = Event()
+    with (
+        Bus.from_url(own_server.url, settings=outage_settings()) as bus,
+        Bus.from_url(own_server.url, settings=outage_settings()) as other,
+    ):
+        b = bus.channel("served").join("b")
+        a = other.channel("served").join("a")
+        t = threading.Thread(
+            target=bus.serve,
+            args=({b: lambda agent, m: handled.append(m.body)},),
+            kwargs={"stop": stop, "poll_s": 0.2},
+        )
+        t.start()
+        try:
+            # when: Redis freezes for many poll periods, then thaws, then a message comes
+            freeze(own_server)
+            try:
+                time.sleep(OUTAGE_S)
+            finally:
+                thaw(own_server)
+            assert wait_for(lambda: heart_lines(caplog, logging.INFO), timeout=10)
+            a.send("b", "after the outage")
+
+            # then: serve() is still running and handles it; the outage was one line
+            assert wait_for(lambda: handled == ["after the outage"], timeout=10)
+            assert t.is_alive()
+        finally:
+            stop.set()
+            t.join(10)
+    serving = [r for r in caplog.records if "serving b" in r.getMessage()]
+    assert [r.levelno for r in serving] == [logging.WARNING, logging.INFO]
+    assert not any(r.exc_info for r in caplog.records)

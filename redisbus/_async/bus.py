@@ -16,13 +16,14 @@ from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING, give_back_consumers
-from .._errors import RedisbusError
+from .._errors import BusConnectionError, RedisbusError
 from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
+from .._outage import Outage
 from .._redis import async_client
 from .._settings import BusSettings
 from .._signing import signer_for
-from .._tasks_async import Coalescer, Event, Handler, Heart, run_all
+from .._tasks_async import Coalescer, Event, Handler, Heart, run_all, sleep
 from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
 from .agent import AsyncAgent
@@ -246,8 +247,15 @@ class AsyncBus:
 
 
 async def _serve_one(agent: AsyncAgent, handler: Handler, stop: Event, poll_s: float) -> None:
+    outage = Outage(f"serving {agent.name}", poll_s)
     while not stop.is_set():
-        res = await agent.wait(poll_s, status="idle")
+        try:
+            res = await agent.wait(poll_s, status="idle")
+        except BusConnectionError as e:  # an outage does not end serve(): it waits it out
+            outage.failed(e)
+            await sleep(outage.pause(poll_s))
+            continue
+        outage.succeeded()
         if res.kind == "cancelled":
             return
         for m in res.messages:

@@ -17,13 +17,14 @@ from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING, give_back_consumers
-from .._errors import RedisbusError
+from .._errors import BusConnectionError, RedisbusError
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
+from .._outage import Outage
 from .._redis import sync_client
 from .._settings import BusSettings
 from .._signing import signer_for
-from .._tasks_sync import Coalescer, Event, Handler, Heart, run_all
+from .._tasks_sync import Coalescer, Event, Handler, Heart, run_all, sleep
 from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
 from .agent import Agent
@@ -241,8 +242,15 @@ class Bus:
 
 
 def _serve_one(agent: Agent, handler: Handler, stop: Event, poll_s: float) -> None:
+    outage = Outage(f"serving {agent.name}", poll_s)
     while not stop.is_set():
-        res = agent.wait(poll_s, status="idle")
+        try:
+            res = agent.wait(poll_s, status="idle")
+        except BusConnectionError as e:  # an outage does not end serve(): it waits it out
+            outage.failed(e)
+            sleep(outage.pause(poll_s))
+            continue
+        outage.succeeded()
         if res.kind == "cancelled":
             return
         for m in res.messages:

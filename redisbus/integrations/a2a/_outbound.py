@@ -34,6 +34,7 @@ from a2a.types.a2a_pb2 import (
 from ... import AsyncAgent, AsyncChannel, LimitExceeded, RedisbusError
 from ... import Message as BusMessage
 from ... import _otel as otel
+from ..._outage import Outage
 from ._convert import TERMINAL, external_name
 
 __all__ = ["External", "Forwarder", "answer_text", "fetch_card"]
@@ -111,13 +112,15 @@ class Forwarder:
         return agent
 
     async def _serve(self, s: _Served) -> None:
+        outage = Outage(f"a2a: waiting for {s.agent.name}'s messages", self.poll_s, log)
         while not self._stop.is_set():
             try:
                 res = await s.agent.wait(self.poll_s, status="idle")
-            except RedisbusError:
-                log.exception("redisbus a2a: waiting for %s's messages failed", s.agent.name)
-                await asyncio.sleep(self.poll_s)
+            except RedisbusError as e:  # an outage: one line when it starts, one when it ends
+                outage.failed(e)
+                await asyncio.sleep(outage.pause(self.poll_s))
                 continue
+            outage.succeeded()
             if res.kind == "cancelled":
                 return
             for m in res.messages:
