@@ -26,6 +26,7 @@ test: $(STAMP)  ## run the whole test suite against real Redis servers the fixtu
 
 soak: $(STAMP)  ## the model-based test for ten minutes (REDISBUS_SOAK_S=seconds), then the soak tests
 	REDISBUS_SOAK=1 $(BIN)/python -m pytest tests/test_model_based.py -q -s -p no:cacheprovider
+	REDISBUS_SOAK=1 $(BIN)/python -m pytest tests/test_model_lifecycle.py -q -s -p no:cacheprovider
 	$(BIN)/python -m pytest -m soak -q -s -p no:cacheprovider
 
 bench: $(STAMP)  ## benchmarks beside their baselines; writes bench/results.json

@@ -71,8 +71,8 @@ pytest_plugins = ["tests.cluster_servers"]
 
 SOAK = os.environ.get("REDISBUS_SOAK") == "1"
 SOAK_S = float(os.environ.get("REDISBUS_SOAK_S", "600"))
-LIFE_EXAMPLES = int(os.environ.get("REDISBUS_LIFE_EXAMPLES", "4" if SOAK else "3"))
-LIFE_STEPS = int(os.environ.get("REDISBUS_LIFE_STEPS", "40" if SOAK else "18"))
+LIFE_EXAMPLES = int(os.environ.get("REDISBUS_LIFE_EXAMPLES", "4"))
+LIFE_STEPS = int(os.environ.get("REDISBUS_LIFE_STEPS", "40" if SOAK else "25"))
 SHRINK = os.environ.get("REDISBUS_MODEL_SHRINK") == "1"
 
 HEARTBEAT_S = 0.2
