@@ -3,6 +3,7 @@ arguments of view.lua (read/list) and the parsing of its reply. No I/O."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -21,6 +22,51 @@ from ._model import (
 from ._signing import Signer
 
 # -- messages -----------------------------------------------------------------------------------
+
+
+_DIGITS = re.compile(r"[0-9]{1,18}")
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+#: The longest ttl a message may carry (send() refuses more): past it, a raw write
+_MAX_TTL_S = 1e9
+
+
+def _ttl(text: str | None) -> float | None:
+    """A ttl field as seconds, or None when it is absent or not a finite positive number."""
+    if not text or len(text) > 32:
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if 0 < v <= _MAX_TTL_S else None
+
+
+def malformed(f: Mapping[str, str]) -> str:
+    """ "" when a stream entry's fields decode as a message, else what is wrong. send.lua and
+    outcome.lua only write well-formed entries; anything else came from a raw write, and every
+    reader rejects it (reason "malformed": acknowledged, counted down, marked rejected) instead
+    of failing on it. The Lua scripts read the same fields with the same rules (``entry_ttl``
+    in _prelude.lua)."""
+    get = f.get
+    if not get("f"):
+        return "no sender"
+    for k in ("p", "d", "n"):
+        v = get(k)
+        if v is not None and not _DIGITS.fullmatch(v):
+            return f"field {k} is not a number"
+    if int(get("p") or 0) > 2:
+        return "priority out of range"
+    x = get("x")
+    if x is not None and _ttl(x) is None:
+        return "ttl is not a positive number"
+    for k in ("r", "u"):
+        v = get(k)
+        if v and not _ENTRY_ID.fullmatch(v):
+            return f"field {k} is not an entry id"
+    a = get("a")
+    if a is not None and a not in ("0", "1"):
+        return "broadcast flag is not 0 or 1"
+    return ""
 
 
 def message_from_fields(
@@ -49,7 +95,7 @@ def message_from_fields(
     m.reply_to = get("r") or None
     m.depth = int(depth) if depth and depth.isdigit() else 0
     m.created_at = _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0]))
-    m.ttl_s = float(ttl) if ttl else None
+    m.ttl_s = _ttl(ttl)  # (never raises: a raw entry's fields are checked by malformed())
     m.read, m.truncated, m.verified, m.deliveries = read, False, verified, deliveries
     m.idempotency_key, m.trace = get("i") or None, get("c") or None
     return frozen_as(m, Message)
@@ -65,8 +111,8 @@ def addressed_to(f: Mapping[str, str], agent: str) -> bool:
 
 
 def expired_at(entry_id: str, f: Mapping[str, str], now_ms: int) -> bool:
-    ttl = f.get("x")
-    return bool(ttl) and id_ms(entry_id) + float(ttl) * 1000 < now_ms  # type: ignore[arg-type]
+    ttl = _ttl(f.get("x"))
+    return ttl is not None and id_ms(entry_id) + ttl * 1000 < now_ms
 
 
 def wait_kind(agent: str, messages: Sequence[Message]) -> WaitKind:
@@ -149,7 +195,10 @@ def verdict(
 ) -> tuple[bool | None, str]:
     """(verified, reason) of an entry fetched by ``me``: (None, "") signing off; (True, "")
     verified; (False, "") unsigned and delivered flagged (``unsigned="flag"``); (False,
-    reason) rejected: the caller never hands it over and records the reason."""
+    reason) rejected: the caller never hands it over and records the reason. An entry that is
+    no message at all (``malformed``) is rejected whether signing is on or off."""
+    if malformed(f):
+        return (None if signer is None or not signer.enabled else False), "malformed"
     if signer is None or not signer.enabled:
         return None, ""
     reason = signer.check(channel, entry_id, f, me, my_id)

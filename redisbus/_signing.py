@@ -46,6 +46,7 @@ REASONS = (
     "misaddressed",
     "stale",
     "replay",
+    "malformed",  # not the fields of a message at all (_messages.malformed): a raw write
 )
 
 #: The fields of an entry the signature covers, besides the channel and the addressing.

@@ -29,7 +29,9 @@ local function chain_of(stream, rate, cached, reply_to, cause, mtype, deny_list,
     for i = 1, #f, 2 do
       local k = f[i]
       if k == 'k' then ptype = f[i + 1]
-      elseif k == 'd' then pdepth = tonumber(f[i + 1])
+      elseif k == 'd' then -- (what a raw write left there counts as 0: see ttl_of)
+        local v = tonumber(f[i + 1])
+        pdepth = (v and v >= 0 and v < 1e9) and math.floor(v) or 0
       elseif k == 'h' then chain = f[i + 1]
       elseif k == 'f' then psender = f[i + 1] end
     end

@@ -50,10 +50,26 @@ local function field(f, k)
   return nil
 end
 
+-- a ttl field's text as seconds, or nil when it is no finite number in (0, 1e9]: what a raw
+-- write left there never breaks a script (the Python reader rejects such an entry as
+-- malformed, _messages.py; here it simply has no ttl)
+local function ttl_of(text)
+  local v = tonumber(text or '')
+  if v and v > 0 and v <= 1e9 then return v end
+  return nil
+end
+
 -- is `name` one of the recipients ('t', names joined by "\n") of an entry's fields?
 local function addressed(f, name)
   local to = field(f, 't')
   return to ~= nil and string.find('\n' .. to .. '\n', '\n' .. name .. '\n', 1, true) ~= nil
+end
+
+-- is receipt mark `mark` (or nil) one of a finished entry: done, dead-lettered (failed),
+-- expired or rejected?
+local function finished(mark)
+  local c = mark and string.sub(mark, 1, 1)
+  return c == 'D' or c == 'F' or c == 'X' or c == 'J'
 end
 
 -- is entry id `a` ("ms-seq") strictly before entry id `b`?
@@ -80,6 +96,18 @@ local function seen_before(nonces, nonce_at, id, sig, now, record)
     if soft('HSET', nonces, tag, id) then soft('ZADD', nonce_at, now, tag) end
   end
   return false
+end
+
+-- keep `agent`'s inbox count at least what its group holds pending: an entry a raw XADD wrote
+-- was never counted in, so counting its rejection (or retirement) down could take the count
+-- below what the agent holds, and the inbox cap would then admit more than it should
+-- (repair.lua gives the exact count)
+local function floor_pending(stream, inbox, agent)
+  local ok, p = pcall(redis.call, 'XPENDING', stream, agent)
+  local held = ok and tonumber(p[1]) or 0
+  if (tonumber(redis.call('HGET', inbox, agent) or '') or 0) < held then
+    soft('HSET', inbox, agent, held)
+  end
 end
 
 -- copy entry `id` (its fields `f`), delivered `deliveries` times to `agent`, to the

@@ -61,8 +61,8 @@ local function hand(id, n, min_idle)
     trip(meta, rate, agent, now)
     return
   end
-  local ttl = not mark and field(e[2], 'x')
-  if ttl and tonumber(string.match(id, '^(%d+)')) + tonumber(ttl) * 1000 < now then
+  local ttl = not mark and ttl_of(field(e[2], 'x'))
+  if ttl and tonumber(string.match(id, '^(%d+)')) + ttl * 1000 < now then
     if redis.call('XACK', stream, agent, id) == 1 then
       redis.call('HINCRBY', inbox, agent, -1)
       redis.call('HSET', marks, key, 'X' .. now)

@@ -17,7 +17,9 @@
 --   "s"  set the agent's status to the value in place of the id ("running", "waiting",
 --        "idle"), only while it is one of those: a closed or completed agent keeps its status
 --   "n"  in place of the id "AFTER\nCONSUMER\nKEEP_MS": the entries a fetch just gave
---        CONSUMER (its pending entries after AFTER): mark those addressed to the agent read,
+--        CONSUMER (its pending entries after AFTER): an entry the agent already finished
+--        (done, dead-lettered, expired, rejected: a rewound group gives it again) is
+--        acknowledged and left out, as a replay; mark those addressed to the agent read,
 --        or expired (as "x") when their ttl passed; acknowledge the others (as "a"); when any
 --        was read, set the agent "running" (as "s"). With KEEP_MS > 0 (signing on), a signed
 --        entry whose (key, nonce) an earlier entry carried is a replay: rejected (as
@@ -119,7 +121,7 @@ for i = 2, #ARGV, 2 do
           for j = 1, #f, 2 do
             local k = f[j]
             if k == 't' then to = f[j + 1]
-            elseif k == 'x' then ttl = tonumber(f[j + 1])
+            elseif k == 'x' then ttl = ttl_of(f[j + 1])
             elseif k == 'g' then sig = f[j + 1] end
           end
           if not string.find('\n' .. to .. '\n', me, 1, true) then
@@ -131,8 +133,18 @@ for i = 2, #ARGV, 2 do
             if not replayed then replayed = {} end
             replayed[#replayed + 1] = eid
           elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
-            changed = changed + (soft('HSETNX', marks, eid .. '\n' .. agent, 'R' .. now_s) or 0)
-            got = true
+            local key = eid .. '\n' .. agent
+            if soft('HSETNX', marks, key, 'R' .. now_s) == 1 then
+              changed, got = changed + 1, true
+            elseif finished(redis.call('HGET', marks, key)) then
+              -- done, dead-lettered, expired or rejected before: a rewound group (XGROUP
+              -- SETID) hands it out again, but it is never new (as a replay)
+              redis.call('XACK', stream, agent, eid)
+              if not replayed then replayed = {} end
+              replayed[#replayed + 1] = eid
+            else
+              got = true -- read before and not done (or no room for the mark): handed again
+            end
           elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired: as op "x"
             redis.call('HINCRBY', inbox, agent, -1)
             redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
@@ -167,12 +179,7 @@ for i = 2, #ARGV, 2 do
     end
   end
 end
-if clamp then
-  local held = redis.call('XPENDING', stream, agent)[1]
-  if tonumber(redis.call('HGET', inbox, agent) or 0) < held then
-    redis.call('HSET', inbox, agent, held)
-  end
-end
+if clamp then floor_pending(stream, inbox, agent) end
 if ARGV[2] == 'n' then
   return {changed, t[1], t[2], replayed or false, seen_status or false}
 end

@@ -45,7 +45,7 @@ for i, g in ipairs(groups) do
   for j = 1, #g, 2 do if g[j] == 'name' then name = g[j + 1] end end
   if name == resume then first = i % #groups + 1 break end
 end
-local left, finished = budget, resume
+local left, swept_to = budget, resume
 for n = 0, #groups - 1 do
   if left <= 0 then break end
   local g = groups[(first - 1 + n) % #groups + 1]
@@ -93,10 +93,10 @@ for n = 0, #groups - 1 do
       end
     end
   end
-  finished = name
-  if n == #groups - 1 then finished = '' end -- a full round: start from the first next time
+  swept_to = name
+  if n == #groups - 1 then swept_to = '' end -- a full round: start from the first next time
 end
-if finished ~= resume then soft('HSET', meta, 'sweep_after', finished) end
+if swept_to ~= resume then soft('HSET', meta, 'sweep_after', swept_to) end
 
 -- 2. trim the prefix of the stream that nobody needs: entries whose every recipient is done
 --    with them (done, dead-lettered or expired), and entries older than the retention
@@ -113,8 +113,12 @@ while not stop and #doomed < budget do
     for i = 1, #f, 2 do if f[i] == 't' then to = f[i + 1] end end
     local undone = {}
     for name in string.gmatch(to, '[^\n]+') do
-      local c = string.sub(redis.call('HGET', marks, id .. '\n' .. name) or '', 1, 1)
-      if c ~= 'D' and c ~= 'F' and c ~= 'X' then undone[#undone + 1] = name end
+      local mark = redis.call('HGET', marks, id .. '\n' .. name)
+      -- done, dead-lettered, expired or rejected (J) are finished; a name that is no member
+      -- (a raw write's) has nothing to count
+      if not finished(mark) and redis.call('HEXISTS', inbox, name) == 1 then
+        undone[#undone + 1] = name
+      end
     end
     if #undone > 0 and not old then stop = true break end
     for _, name in ipairs(undone) do
@@ -142,7 +146,10 @@ local trimmed = 0
 if #doomed > 0 then
   trimmed = redis.call('XTRIM', stream, 'MINID', next_id(doomed[#doomed][1]))
 end
-for name, n in pairs(retired) do soft('HINCRBY', inbox, name, -n) end
+for name, n in pairs(retired) do
+  soft('HINCRBY', inbox, name, -n)
+  floor_pending(stream, inbox, name)
+end
 
 -- 4. send.lua writes a field per sender, pair, dampened pair, breaker and chain: a broadcast
 --    to n members writes n. Drop those that read the same as no field: a token bucket

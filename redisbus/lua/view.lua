@@ -54,10 +54,10 @@ local CAP = 20000
 local now = now_ms()
 
 local function expired(id, f)
-  local ttl = field(f, 'x')
+  local ttl = ttl_of(field(f, 'x'))
   if not ttl then return false end
   local ms = tonumber(string.match(id, '^(%d+)'))
-  return ms + tonumber(ttl) * 1000 < now
+  return ms + ttl * 1000 < now
 end
 local function expire(id)
   if redis.call('XACK', stream, agent, id) == 1 then
@@ -104,8 +104,8 @@ local function reject_copy(id)
   if redis.call('XACK', stream, agent, id) == 1 then
     -- a copy a raw XADD wrote was never counted in: never below what the group still holds
     -- pending (as settle.lua; repair.lua gives the exact count)
-    local held = redis.call('XPENDING', stream, agent)[1]
-    if redis.call('HINCRBY', inbox, agent, -1) < held then redis.call('HSET', inbox, agent, held) end
+    redis.call('HINCRBY', inbox, agent, -1)
+    floor_pending(stream, inbox, agent)
     redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':replay')
   end
 end
@@ -132,6 +132,8 @@ if pull then
     local copies = {} -- rejected once the others' entries are acknowledged (see reject_copy)
     for _, e in ipairs(entries) do
       if not addressed(e[2], agent) then others[#others + 1] = e[1]
+      elseif finished(redis.call('HGET', marks, e[1] .. '\n' .. agent)) then
+        others[#others + 1] = e[1] -- finished before: a rewound group gives it again
       elseif expired(e[1], e[2]) then expire(e[1])
       elseif copied(e[1], e[2], true) then copies[#copies + 1] = e[1] end
     end
