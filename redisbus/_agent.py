@@ -201,7 +201,11 @@ class AgentState:
                 continue
             if own and entry_id in self._handed:
                 continue  # this handle already returned it
-            ok, reason = core.verdict(signer, unsigned, channel, entry_id, f, name, self.id)
+            # a cancel signed for an ancestor wakes this agent only once the server says it
+            # ended (the fetch's status, or the heartbeat's)
+            ok, reason = core.verdict(
+                signer, unsigned, channel, entry_id, f, name, self.id, cascade=self._cancelled
+            )
             if reason:
                 self._reject(entry_id, reason)
                 continue

@@ -192,6 +192,8 @@ def verdict(
     f: Mapping[str, str],
     me: str,
     my_id: str = "",
+    *,
+    cascade: bool = False,
 ) -> tuple[bool | None, str]:
     """(verified, reason) of an entry fetched by ``me``: (None, "") signing off; (True, "")
     verified; (False, "") unsigned and delivered flagged (``unsigned="flag"``); (False,
@@ -201,7 +203,7 @@ def verdict(
         return (None if signer is None or not signer.enabled else False), "malformed"
     if signer is None or not signer.enabled:
         return None, ""
-    reason = signer.check(channel, entry_id, f, me, my_id)
+    reason = signer.check(channel, entry_id, f, me, my_id, cascade=cascade)
     if not reason:
         return True, ""
     if reason == "unsigned" and unsigned == "flag":

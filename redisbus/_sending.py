@@ -401,10 +401,11 @@ _OUTCOME_STATUS = {"complete": "completed", "fail": "failed", "cancel": "cancell
 
 
 def sign_outcome(
-    signer: Signer, channel: str, op: str, actor: str, target: str, text: str
+    signer: Signer, channel: str, op: str, actor: str, target: str, text: str, parent: str = ""
 ) -> list[str]:
-    """Signatures of the messages outcome.lua writes: the outcome (from the target) and the
-    control message that wakes a cancelled subtree (from the actor)."""
+    """Signatures of the messages outcome.lua writes: the outcome (from the target, for its
+    ``parent``) and the control message that wakes a cancelled subtree (from the actor, for
+    the target)."""
     if not signer.enabled:
         return ["", "", ""]
     status = _OUTCOME_STATUS.get(op, op)
@@ -415,6 +416,7 @@ def sign_outcome(
         channel,
         {"f": target, "s": status, "b": text, "k": "outcome"},
         mode="lost" if lost else "out",
+        recipients=[parent] if parent else (),
     )
     ctl_sig, _ = signer.sign(
         channel,

@@ -30,9 +30,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
+
+from ._clock import measure_skew, skew_error, skew_limit_s, too_skewed, wall_ms
+from ._errors import NotPermitted
 
 _VERSION = "rb2"
 
@@ -59,8 +61,17 @@ _DEFAULTS = {"k": "message", "p": "0"}
 class KeyRing(Protocol):
     """What a signing mode provides: the key that signs, and the verification of a key id."""
 
-    kid: str | None
     verifies: bool
+
+    @property
+    def kid(self) -> str | None:
+        """The id this host signs with, as of now (None: it cannot sign)."""
+        ...
+
+    def cannot_sign(self) -> str:
+        """ "" when this host signs, or has no key of its own to sign with (it sends
+        unsigned); else why the key it holds cannot sign (revoked, not trusted)."""
+        ...
 
     def sign_bytes(self, payload: bytes) -> str: ...
 
@@ -95,12 +106,18 @@ class HmacRing:
     def may_speak(self, kid: str, channel: str, agent: str | None) -> bool:
         return True
 
+    def cannot_sign(self) -> str:
+        return ""
+
 
 class Signer:
     """Signs outgoing entries and checks incoming ones with a key ring (or none: signing off).
 
     ``window_s``: how far a signing time may be from the entry id's time.
     ``replay_keep_s``: how long the server remembers a (key, nonce) pair it has seen.
+    ``skew_limit_s``: signing is refused while the last measured skew of this host's clock
+    (``observe_time``) is past it; half the window by default (``_clock`` says why).
+    ``clock_ms``: the host clock signing times are read on (ms since the epoch).
     """
 
     def __init__(
@@ -109,6 +126,8 @@ class Signer:
         *,
         window_s: float = 60.0,
         replay_keep_s: float = 3600.0,
+        skew_limit_s: float | None = None,
+        clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
         if keys is None or isinstance(keys, Mapping):
             ring: KeyRing | None = HmacRing(keys or {})
@@ -117,6 +136,19 @@ class Signer:
         self.ring = ring
         self.window_ms = int(window_s * 1000)
         self.replay_keep_ms = int(max(replay_keep_s, 2 * window_s) * 1000)
+        self.skew_limit_s = window_s / 2 if skew_limit_s is None else skew_limit_s
+        self.clock_ms = clock_ms
+        #: this host's clock minus the Redis clock (s) at the last measurement; None: never
+        self.skew_s: float | None = None
+
+    def observe_time(
+        self, redis_time_reply: Sequence[Any], sent_at: float, received_at: float
+    ) -> float:
+        """Record the skew one Redis ``TIME`` call shows (``sent_at``/``received_at``: this
+        signer's ``clock_ms()`` just before the call and just after its reply); return it in
+        seconds (for the ``redisbus_clock_skew_seconds`` gauge). Refusals follow the latest."""
+        self.skew_s = measure_skew(redis_time_reply, sent_at, received_at)
+        return self.skew_s
 
     @property
     def enabled(self) -> bool:
@@ -145,21 +177,44 @@ class Signer:
     ) -> tuple[str, str]:
         """Return (``g``, ``n``): the signature field and the signing time (ms) for entry
         ``fields`` about to be written with the given send ``mode`` and requested
-        ``recipients``; ("", "") when signing is off."""
-        if self.ring is None or self.ring.kid is None:
+        ``recipients``; ("", "") when signing is off or this host has no key.
+
+        Raises ``ClockSkew`` when this host's clock was last measured too far from the Redis
+        clock, and ``NotPermitted`` when the trust list revoked or does not list the key this
+        host holds: receivers would reject either signature, and nothing is written."""
+        if self.ring is None:
             return "", ""
-        ts = ts or str(int(time.time() * 1000))
+        kid = self.ring.kid
+        if kid is None:
+            # a host holding a key the trust list revoked or dropped would send what every
+            # receiver rejects: say so here, not on a receipt later
+            why = self.ring.cannot_sign()
+            if why:
+                raise NotPermitted(why)
+            return "", ""
+        if too_skewed(self.skew_s, self.skew_limit_s):
+            assert self.skew_s is not None
+            raise skew_error(self.skew_s, self.skew_limit_s)
+        ts = ts or str(int(self.clock_ms()))
         nonce = secrets.token_hex(12)
         req = "\n".join(recipients)
-        kid = self.ring.kid
         sig = self.ring.sign_bytes(_payload(channel, kid, nonce, ts, mode, req, fields))
         return f"{kid}:{nonce}:{sig}:{mode}:{req}", ts
 
     def check(
-        self, channel: str, entry_id: str, f: Mapping[str, str], me: str, my_id: str = ""
+        self,
+        channel: str,
+        entry_id: str,
+        f: Mapping[str, str],
+        me: str,
+        my_id: str = "",
+        *,
+        cascade: bool = False,
     ) -> str:
         """ "" when the entry passes every check a receiver makes without the server (the
-        replay check is settle.lua's), else the reason it is rejected."""
+        replay check is settle.lua's), else the reason it is rejected. ``cascade``: the
+        server says ``me`` has ended (a cancel of an ancestor reached it), so a signed cancel
+        addressed to an ancestor may wake it."""
         g = f.get("g")
         if not g:
             return "unsigned"
@@ -178,7 +233,7 @@ class Signer:
             return "not_allowed"
         if abs(int(ts) - int(entry_id.partition("-")[0])) > self.window_ms:
             return "stale"
-        if not _addressing_holds(mode, req, f, me, my_id):
+        if not _addressing_holds(mode, req, f, me, my_id, cascade):
             return "misaddressed"
         return ""
 
@@ -193,26 +248,40 @@ def signer_for(settings: Any) -> Signer:
         ring = TrustRing(settings.signing_key_file, settings.trust_file)
     else:
         ring = HmacRing({k: v.get_secret_value() for k, v in settings.signing_keys.items()})
-    return Signer(ring, window_s=settings.signing_window_s, replay_keep_s=settings.replay_keep_s)
+    return Signer(
+        ring,
+        window_s=settings.signing_window_s,
+        replay_keep_s=settings.replay_keep_s,
+        skew_limit_s=skew_limit_s(settings),
+    )
 
 
-def _addressing_holds(mode: str, req: str, f: Mapping[str, str], me: str, my_id: str) -> bool:
+def _addressing_holds(
+    mode: str, req: str, f: Mapping[str, str], me: str, my_id: str, cascade: bool = False
+) -> bool:
     """The entry's broadcast flag matches the signed mode, and a receiver the entry is
-    addressed to is one of the signed recipients (by name or id). Control messages and
-    outcomes are addressed by the server (a cancelled subtree, the target's parent); copies
-    of them are caught as replays."""
+    addressed to is one of the signed recipients (by name or id). An outcome is signed for
+    the target's parent; a control message for its target, and the server adds the target's
+    cancelled descendants to its recipients: one of them acts on it only when the server
+    says it ended (``cascade``). So a copy pointed at anyone else is refused, whatever its
+    own recipients say (an outcome signed before parents were signed in stays addressable
+    as written: its recipients are empty)."""
     broadcast = f.get("a") == "1"
     if mode == "all":
         return broadcast
     if broadcast:
         return False
-    if mode in ("ctl", "out", "lost"):
-        return True
     to = f.get("t", "")
     if to != me and me not in to.split("\n"):
         return True  # another agent's message, seen on the board: not ours to act on
     names = req.split("\n")
-    return me in names or (bool(my_id) and my_id in names)
+    if me in names or (bool(my_id) and my_id in names):
+        return True
+    if mode in ("ctl", "out", "lost"):
+        if f.get("k") == "control":
+            return cascade
+        return req == ""
+    return False
 
 
 def _payload(

@@ -572,7 +572,11 @@ class AsyncAgent(AgentState):
         body = check.body(check.text(text, "text", 32768, allow_newlines=True))
         k = self._keys
         await self.flush()
-        sigs = core.sign_outcome(self._bus._signer, self.channel.name, op, self.name, target, body)
+        # the outcome is for the target's parent: this agent's own, or this agent (a cancel)
+        parent = self.name if op == "cancel" else (self.parent or "")
+        sigs = core.sign_outcome(
+            self._bus._signer, self.channel.name, op, self.name, target, body, parent
+        )
         reply = await self._bus._io.script(
             "outcome",
             [k.stream, k.parents, k.status, k.inbox],

@@ -170,6 +170,9 @@ class AsyncBus:
             for a in agents.values():
                 a._heard(mine)
             for name in lost:
+                parent = ""
+                if self._signer.enabled:  # the outcome is signed for the lost agent's parent
+                    parent = await io.call(io.r.hget, k.parents, name) or ""
                 reply = await io.script(
                     "outcome",
                     [k.stream, k.parents, k.status, k.inbox],
@@ -178,7 +181,9 @@ class AsyncBus:
                         name,
                         name,
                         _LOST,
-                        *core.sign_outcome(self._signer, k.channel, "lost", name, name, _LOST),
+                        *core.sign_outcome(
+                            self._signer, k.channel, "lost", name, name, _LOST, parent
+                        ),
                     ],
                 )
                 core.raise_if_refused(reply)

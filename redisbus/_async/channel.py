@@ -159,13 +159,16 @@ class AsyncChannel:
         k = self.keys
         reply = await self.bus._io.script(
             "sweep",
-            [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate],
+            [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate, k.nonces, k.nonce_at],
             [
                 int(float(cfg.get("lease_s", s.lease_s)) * 1000),
                 int(cfg.get("max_deliveries", s.max_deliveries)),
                 int(float(cfg.get("retention_s", s.retention_s)) * 1000),
                 idle_ms,
                 per_call,
+                # the receivers' replay horizon (Signer.replay_keep_ms), from this host's
+                # settings whether or not it signs: a janitor needs no key
+                int(max(s.replay_keep_s, 2 * s.signing_window_s) * 1000),
             ],
         )
         return core.SweepReport(*(int(x) for x in reply))

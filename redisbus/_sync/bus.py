@@ -167,6 +167,9 @@ class Bus:
             for a in agents.values():
                 a._heard(mine)
             for name in lost:
+                parent = ""
+                if self._signer.enabled:  # the outcome is signed for the lost agent's parent
+                    parent = io.call(io.r.hget, k.parents, name) or ""
                 reply = io.script(
                     "outcome",
                     [k.stream, k.parents, k.status, k.inbox],
@@ -175,7 +178,9 @@ class Bus:
                         name,
                         name,
                         _LOST,
-                        *core.sign_outcome(self._signer, k.channel, "lost", name, name, _LOST),
+                        *core.sign_outcome(
+                            self._signer, k.channel, "lost", name, name, _LOST, parent
+                        ),
                     ],
                 )
                 core.raise_if_refused(reply)

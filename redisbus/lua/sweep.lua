@@ -2,11 +2,13 @@
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] idem  KEYS[5] dlq  KEYS[6] meta
 -- KEYS[7] rate (token buckets, dampeners, circuit breakers, chain counts)
+-- KEYS[8] nonces  KEYS[9] nonce times (settle.lua's replay record of signed entries)
 -- ARGV[1] lease (ms)  ARGV[2] max deliveries  ARGV[3] retention (ms)
 -- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
 -- ARGV[5] work budget per call: at most this many entries trimmed, and at most this many
 --         groups, pending entries, consumers and rate fields examined (the next call carries
 --         on after the last group this one visited: meta field sweep_after)
+-- ARGV[6] replay horizon (ms): the replay record forgets pairs older than this (0: leave it)
 --
 -- returns {trimmed, dead_lettered, consumers_removed, expired_undone, rate_pruned,
 --          rate_scanning (1 while the walk over the rate hash has not come round)}
@@ -22,12 +24,27 @@
 --    entries: they would become unclaimable).
 -- 4. Forget rate state that says nothing any more (see below), so the rate hash follows the
 --    pairs that are active, not every pair that ever was.
+-- 5. Forget the replay record's pairs past the horizon (each fetch forgets only a few): a
+--    copy of an entry that old is stale anyway (its signing time is outside the window).
 
 local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rate = KEYS[7]
 local lease, max_deliveries, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local consumer_idle, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
+local nonces, nonce_at, keep = KEYS[8], KEYS[9], tonumber(ARGV[6] or '') or 0
 local now = now_ms()
+
+-- 5 first: it needs no stream, and frees memory before anything else writes
+if keep > 0 and nonce_at then
+  local forgot = 0
+  while forgot < 10 * budget do
+    local old = redis.call('ZRANGEBYSCORE', nonce_at, '-inf', now - keep, 'LIMIT', 0, 1000)
+    if not old[1] then break end
+    redis.call('HDEL', nonces, unpack(old))
+    redis.call('ZREM', nonce_at, unpack(old))
+    forgot = forgot + #old
+  end
+end
 if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
 local function next_id(id)
   local m, s = string.match(id, '^(%d+)-(%d+)$')
