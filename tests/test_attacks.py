@@ -367,3 +367,184 @@ def test_public_keys_in_the_trust_list_are_base64_of_32_bytes(tmp_path: Path) ->
     public = generate_key(str(tmp_path / "k.pem"))
     assert len(base64.b64decode(public)) == 32
     assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
+
+
+# -- issue 29: hostile bytes and identity at the edges --------------------------------------
+
+
+def counts_hold(raw: Any, ch: Any) -> None:
+    """No inbox count below zero or below what its agent's group holds pending."""
+    pending = {g["name"]: int(g["pending"]) for g in raw.xinfo_groups(ch.keys.stream)}
+    for name, n in raw.hgetall(ch.keys.inbox).items():
+        assert int(n) >= max(0, pending.get(name, 0)), (name, n, pending)
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [{"x": "abc"}, {"x": "inf"}, {"p": "high"}, {"d": "-1"}, {"n": "soon"}, {"r": "nope"}],
+    ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()),
+)
+def test_a_malformed_entry_is_rejected_on_every_path_and_wedges_nobody(
+    env: Env, poison: dict[str, str]
+) -> None:
+    # given: a signed channel, and a raw entry for the reader whose field is no number
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    bad = str(env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "x", **poison}))
+
+    # when: every reading path meets it: list, mark_done's fetch-ahead (which takes the bad
+    # entry into the reader's pending list with the genuine one after it), wait (which hands
+    # out that pending list first), read, a sweep, a fresh replica
+    first = writer.send("a-reader", "listed first")
+    assert [m.id for m in reader.list(filter_by="all")] == [first.id]
+    assert reader.mark_done(first.id)
+    assert reader.read() == []
+    assert reader.wait(timeout=0.3).kind == "timeout"
+    other = env.bus("host-a").channel(ch.name).join("a-reader", replica="fresh")
+    assert other.wait(timeout=0.3).kind == "timeout"
+    reader.flush()
+    assert mark_of(env.raw, ch, bad, "a-reader").endswith(":malformed")
+    counts_hold(env.raw, ch)
+
+    # then: it was finished (rejected): the sweep trims it with the done one before it, and
+    # what comes after gets through
+    assert ch.sweep().trimmed == 2
+    writer.send("a-reader", "genuine")
+    got = reader.wait(timeout=5)
+    assert [m.body for m in got.messages] == ["genuine"] and got.messages[0].verified
+
+
+@pytest.mark.parametrize("signing", ["off", "on"])
+def test_a_malformed_entry_never_raises_from_a_reader_with_signing_off_or_on(
+    redis7: Any, tmp_path: Path, signing: str
+) -> None:
+    redis7.client().flushall()
+    e = Env(redis7.url, False, redis7.client(), tmp_path, ["atk-p"])
+    s = e.settings("host-a") if signing == "on" else BusSettings(metrics=False, host="host-a")
+    bus = Bus.from_url(e.url, settings=s)
+    try:
+        ch = bus.channel("atk-poison", **FAST)
+        reader, writer = ch.join("a-reader"), ch.join("a-writer")
+        bad = e.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "x": "abc", "b": "b"})
+        assert reader.list(filter_by="all") == []
+        assert reader.read() == []
+        assert reader.wait(timeout=0.3).kind == "timeout"
+        reader.flush()
+        assert mark_of(e.raw, ch, bad, "a-reader").endswith(":malformed")
+        assert ch.dead_letters() == []
+        writer.send("a-reader", "after")
+        assert [m.body for m in reader.wait(timeout=5).messages] == ["after"]
+        counts_hold(e.raw, ch)
+    finally:
+        bus.close()
+
+
+def test_rejected_entries_are_trimmed_and_never_open_the_inbox_cap(env: Env) -> None:
+    # given: a reader with an inbox cap of 3; five genuine messages done; three unsigned raw
+    # entries that nobody counted in (the attacker does not bother)
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), inbox_cap=3, **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    for i in range(5):
+        writer.send("a-reader", f"m{i}")
+        reader.mark_done(reader.wait(timeout=5).messages)
+    for i in range(3):
+        env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": f"forged {i}"})
+    assert reader.wait(timeout=0.3).kind == "timeout"
+    reader.flush()
+
+    # when: the janitor sweeps
+    report = ch.sweep()
+
+    # then: all eight are finished and trimmed, and the cap still admits exactly 3
+    assert report.trimmed == 8
+    counts_hold(env.raw, ch)
+    assert int(env.raw.hget(ch.keys.inbox, "a-reader")) == 0
+    for i in range(3):
+        writer.send("a-reader", f"fits {i}")
+    with pytest.raises(Exception, match="inbox"):
+        writer.send("a-reader", "one too many")
+
+
+def test_a_cancel_copied_to_another_agent_cancels_nobody(env: Env) -> None:
+    # given: a cancel of a-one that a-one has not fetched yet (no replay record of it)
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), routing="family", **FAST)
+    director = ch.join("director")
+    ch.join("a-one", parent="director")
+    two = ch.join("a-two", parent="director")
+    director.cancel("a-one", reason="changed plan")
+    ((ctl_id, _),) = [(i, f) for i, f in env.raw.xrange(ch.keys.stream) if f.get("k") == "control"]
+
+    # when: the attacker re-addresses a copy of it to a-two
+    copy = copy_of(env.raw, ch, ctl_id, t="a-two")
+
+    # then: a-two is not cancelled, and goes on receiving
+    assert two.wait(timeout=0.5).kind == "timeout"
+    two.flush()
+    assert env.raw.hget(ch.keys.status, "a-two") == "running"
+    assert mark_of(env.raw, ch, copy, "a-two").endswith(":misaddressed")
+    director.send("a-two", "carry on")
+    assert [m.body for m in two.wait(timeout=5).messages] == ["carry on"]
+
+
+def test_an_outcome_copied_to_another_agent_is_refused(env: Env) -> None:
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), routing="family", **FAST)
+    ch.join("director")
+    other = ch.join("a-other", parent="director")
+    child = ch.join("a-child", parent="director")
+    out_id = child.complete("done")
+    assert out_id is not None
+    copy = copy_of(env.raw, ch, out_id, t="a-other")
+    assert other.wait(timeout=0.5).kind == "timeout"
+    other.flush()
+    assert mark_of(env.raw, ch, copy, "a-other").endswith(":misaddressed")
+
+
+def test_a_rewound_group_hands_out_nothing_again(env: Env) -> None:
+    # given: a message done and a child's outcome received and done
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), routing="family", **FAST)
+    director = ch.join("director")
+    child = ch.join("a-child", parent="director")
+    child.send("parent", "a message")
+    director.mark_done(director.wait(timeout=5).messages)
+    child.complete("finished")
+    got = director.wait(timeout=5)
+    assert got.kind == "outcome"
+    director.mark_done(got.messages)
+    before = snapshot(env.raw, ch)
+
+    # when: the attacker rewinds the director's group to the start
+    env.raw.xgroup_setid(ch.keys.stream, "director", "0")
+
+    # then: nothing is new: neither wait nor read hands anything out, counts unchanged
+    assert director.wait(timeout=0.5).kind == "timeout"
+    assert director.read() == []
+    director.flush()
+    assert snapshot(env.raw, ch) == before
+
+
+def test_the_janitor_forgets_the_replay_record_past_its_horizon(env: Env) -> None:
+    # given: signed traffic with a replay horizon of 2 s (signing window 1 s)
+    bus = env.bus("host-a", signing_window_s=1.0, replay_keep_s=1.0)
+    ch = bus.channel(env.channel_name(), sender_rate_burst=0, inbox_cap=1000, **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    for i in range(300):
+        writer.send("a-reader", f"m{i}")
+    got = 0
+    while got < 300:
+        res = reader.wait(timeout=5)
+        got += len(res.messages)
+        reader.mark_done(res.messages)
+    assert env.raw.zcard(ch.keys.nonce_at) > 100
+
+    # when: the horizon passes and the janitor sweeps
+    time.sleep(2.2)
+    ch.sweep()
+
+    # then: the record is empty
+    assert env.raw.zcard(ch.keys.nonce_at) == 0
+    assert env.raw.hlen(ch.keys.nonces) == 0

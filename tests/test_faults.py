@@ -382,6 +382,40 @@ def test_child_killed_around_an_outage_is_reported_lost_once_within_a_lease(
         team.ch.join("kid-a", parent="lead")
 
 
+def test_a_dead_child_is_found_when_the_only_watcher_always_beats_late(
+    redis7: Server, spawn: Callable[..., Worker]
+) -> None:
+    """Every beat of the only live process comes late (its event loop blocked by synchronous
+    calls, an LLM SDK say): each gap looks like blindness, but the heartbeat period of each
+    still counts as watched, so the dead child is found (later than a lease, never never)."""
+    import asyncio
+
+    from redisbus import AsyncBus
+
+    redis7.client().flushall()
+
+    async def run() -> float | None:
+        bus = AsyncBus.from_url(redis7.url, settings=settings(**LIVE))
+        try:
+            ch = await bus.channel("late", routing="family", **FAST)
+            lead = await ch.join("lead")
+            kid = spawn(redis7.url, "late", "kid", "lead", face="sync", mode="echo")
+            kid.kill()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 10 * LEASE_S:
+                time.sleep(2 * LIVE["heartbeat_s"])  # blocks the loop: the heart beats late
+                res = await lead.wait(timeout=0.01)
+                if any(m.subject == "lost" for m in res.messages):
+                    return time.monotonic() - t0
+            return None
+        finally:
+            await bus.aclose()
+
+    took = asyncio.run(run())
+    assert took is not None, "the dead child was never declared lost"
+    assert took < 5 * LEASE_S
+
+
 # -- one-way statuses --------------------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from .. import _otel as otel
 from .. import _validate as check
 from .._agent import ENDED, AgentState, give_back_consumer, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
+from .._filters import later_id
 from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
 from .._tasks_async import sleep
 
@@ -407,13 +408,30 @@ class AsyncAgent(AgentState):
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
+        if mark_after is not None and entries and later_id(entries[0][0], mark_after) == mark_after:
+            # a rewound group (XGROUP SETID) gave entries again at or before the last fetch,
+            # which the "n" op (it looks after that fetch) did not see: look at them all once
+            entries, more = await self._recheck(entries)
+            replayed += more
         if replayed:  # settle.lua rejected them (a copy of an earlier signed entry)
             self._bus.metrics.message_rejected("replay", replayed)
         if mark_after is not None and entries:
-            self._fetched_to = entries[-1][0]
+            self._fetched_to = later_id(entries[-1][0], mark_after) or entries[-1][0]
         if status in ENDED:  # another replica was woken by the cancel, or the agent ended
             self._cancelled = True
         return entries, now
+
+    async def _recheck(self, entries: builtins.list[Any]) -> tuple[builtins.list[Any], int]:
+        """settle.lua's "n" op over this replica's whole pending list: what it says was
+        finished before (or is a replay) is left out of ``entries``."""
+        keep = self._replay_keep()
+        k = self._keys
+        op = f"0-0\n{self.replica}" + (f"\n{keep}" if keep else "")
+        reply = await self._bus._io.script(
+            "settle", k.settle if keep else k.settle[:4], [self.name, "n", op]
+        )
+        gone = set(reply[3] or []) if len(reply) > 3 else set()
+        return [e for e in entries if e[0] not in gone], len(gone)
 
     async def _redeliver(self, *, own: bool, lapsed: bool = True) -> builtins.list[Message]:
         """Pending entries due to this replica (claim.lua), dead-lettering instead those

@@ -159,10 +159,10 @@ class AsyncBus:
         ``heartbeat_s``."""
         io = self._io
         s = self.settings
-        lease_ms, grace_ms = int(s.agent_lease_s * 1000), int(s.heartbeat_s * 1500)
+        lease_ms, period_ms = int(s.agent_lease_s * 1000), int(s.heartbeat_s * 1000)
         for agents in groups:
             k = next(iter(agents.values()))._keys
-            argv: builtins.list[Any] = [lease_ms, grace_ms]
+            argv: builtins.list[Any] = [lease_ms, period_ms]
             for a in agents.values():
                 argv += [a.name, a.replica, a._want_status or ""]
                 a._want_status = None

@@ -2,8 +2,8 @@
 --
 -- KEYS[1] beat  KEYS[2] status
 -- ARGV[1] lease (ms)
--- ARGV[2] grace (ms): the longest gap between two beats of the channel that is not blindness
---         (the caller's heartbeat period and a half)
+-- ARGV[2] the caller's heartbeat period (ms): a gap between two beats of the channel longer
+--         than one and a half of it is blindness
 -- ARGV[3..] triples: agent, replica, status to set ("" keeps it; only an open agent changes)
 --
 -- returns {lost, mine}: lost = {agent, ...}, agents whose every replica was silent for a whole
@@ -15,9 +15,11 @@
 -- process of the channel could beat: Redis was down or restarting, failing over, out of
 -- memory (every beat is refused there, this one's first write included), or every process was
 -- cut off. Nobody saw the agents then, so that time does not count against them: every
--- deadline moves on by the gap. A replica that died before or during the gap is still found
--- within a lease of its last beat, counting only watched time; a live one has the rest of its
--- lease to beat again (a heartbeat retries soon after a failure).
+-- deadline moves on by the gap less one heartbeat period (the time a beat takes to come round
+-- counts as watched, so a channel whose only watcher always beats late still finds its dead).
+-- A replica that died before or during the gap is still found within a lease of its last
+-- beat, counting only watched time; a live one has the rest of its lease, at least the lease
+-- less two periods, to beat again (a heartbeat retries soon after a failure).
 --
 -- One-way statuses: only an open agent (running, waiting, idle) changes status here; a
 -- completed one keeps its lease (it may serve follow-ups) and its status; failed, cancelled
@@ -26,13 +28,13 @@
 -- A replica not seen for a whole lease past its deadline leaves the hash (after the agents it
 -- made lost were found), so processes that come and go (per-process names) never pile up.
 
-local beat, status, lease, grace = KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2])
+local beat, status, lease, period = KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local judged = '\n#judged' -- no member's name holds a control character
 local last = tonumber(redis.call('HGET', beat, judged) or '')
 redis.call('HSET', beat, judged, now) -- the first write: refused at the memory limit
 local shift = 0
-if last and now - last > grace then shift = now - last end
+if last and now - last > 1.5 * period then shift = now - last - period end
 
 local mine, mine_at, renewed = {}, {}, {}
 for i = 3, #ARGV, 3 do
