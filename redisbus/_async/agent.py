@@ -580,6 +580,7 @@ class AsyncAgent(AgentState):
         """Finish with an error: the parent gets a ``failed`` outcome; descendants are cancelled."""
         out = await self._outcome("fail", self.name, error)
         self._bus._heart.remove(self)
+        self._cancelled = True  # it ended: its wait() says so, as its other replicas' do
         return out
 
     async def cancel(self, child: str, reason: str = "") -> str | None:

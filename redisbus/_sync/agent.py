@@ -573,6 +573,7 @@ class Agent(AgentState):
         """Finish with an error: the parent gets a ``failed`` outcome; descendants are cancelled."""
         out = self._outcome("fail", self.name, error)
         self._bus._heart.remove(self)
+        self._cancelled = True  # it ended: its wait() says so, as its other replicas' do
         return out
 
     def cancel(self, child: str, reason: str = "") -> str | None:
