@@ -69,13 +69,32 @@ def acl(
 
 @app.command()
 def keygen(
-    path: Annotated[str, typer.Argument(help="Where to write the private key (PEM, 0600).")],
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="Where to write the private key (PEM, 0600). Its directory must exist: "
+            "create it first, readable by this host's user only (mkdir -m 700 -p DIR)."
+        ),
+    ],
 ) -> None:
-    """Make this host's Ed25519 key; print the public key for the trust list."""
+    """Make this host's Ed25519 key; print the public key for the trust list. The key's
+    directory is never created for you: where a private key lives, and who may read it, is
+    the operator's choice (a mistyped path should fail, not make a new directory)."""
     from ._trust import generate_key
 
+    where = os.path.dirname(os.path.abspath(path))
     try:
         public = generate_key(path)
     except FileExistsError as e:
+        if os.path.isdir(path):
+            raise InvalidInput(f"{path} is a directory: give a file name inside it") from e
         raise InvalidInput(f"{path} exists: a key is never overwritten") from e
+    except FileNotFoundError as e:
+        raise InvalidInput(
+            f"directory {where} does not exist: create it first (mkdir -m 700 -p {where})"
+        ) from e
+    except NotADirectoryError as e:
+        raise InvalidInput(f"{where} is not a directory: pick a path inside one") from e
+    except PermissionError as e:
+        raise InvalidInput(f"cannot write in {where}: permission denied") from e
     sys.stdout.write(public + "\n")

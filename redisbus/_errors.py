@@ -15,6 +15,8 @@
     │   └── BudgetExceeded                     team budget: depth, members or messages
     ├── RoutingRefused                         recipient outside the sender's reach
     ├── NotPermitted                           e.g. cancelling an agent that is not your child
+    ├── ClockSkew (.skew_s .limit_s)           this host's clock is too far from Redis's to
+    │                                          sign: fix the clock (NTP)
     ├── UnknownAgent                           no such member
     │   └── UnknownChannel                     no such channel
     ├── AgentClosed                            the agent failed, was cancelled or lost
@@ -47,6 +49,7 @@ __all__ = [
     "ChannelMismatch",
     "ChannelPaused",
     "CircuitOpen",
+    "ClockSkew",
     "DeadLettered",
     "InboxFull",
     "InvalidInput",
@@ -170,6 +173,19 @@ class RoutingRefused(RedisbusError):
 
 class NotPermitted(RedisbusError):
     code = "not_permitted"
+
+
+class ClockSkew(RedisbusError):
+    """This host's clock is ``skew_s`` seconds from the Redis clock (positive: ahead), past
+    ``limit_s``: receivers would reject its signed messages as stale, so it refuses to sign.
+    Synchronise the host's clock (NTP); the bus measures again at every heartbeat."""
+
+    code = "clock_skew"
+
+    def __init__(self, message: str, *, skew_s: float = 0.0, limit_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.skew_s = skew_s
+        self.limit_s = limit_s
 
 
 class UnknownAgent(RedisbusError):

@@ -10,7 +10,7 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_WAIT_S = 300.0
@@ -208,6 +208,13 @@ class BusSettings(BaseSettings):
         le=MAX_DURATION_S,
         description="largest gap between signing time and entry time",
     )
+    clock_skew_max_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_DURATION_S,
+        description="signed sends are refused (ClockSkew) while this host's clock is further "
+        "than this from the Redis clock; default half of signing_window_s",
+    )
     replay_keep_s: float = Field(
         default=3600.0,
         gt=0,
@@ -230,6 +237,13 @@ class BusSettings(BaseSettings):
             if not kid or ":" in kid or not kid.isprintable():
                 raise ValueError(f"signing key id {kid!r}: printable, non-empty, no ':'")
         return v
+
+    @model_validator(mode="after")
+    def _skew_within_window(self) -> BusSettings:
+        # a skew the window cannot hold would have receivers drop what the sender let through
+        if self.clock_skew_max_s is not None and self.clock_skew_max_s >= self.signing_window_s:
+            raise ValueError("clock_skew_max_s must be below signing_window_s")
+        return self
 
     @field_validator("prefix")
     @classmethod

@@ -23,6 +23,10 @@ signature that does not match [bad_signature]; recipients not among the requeste
 [misaddressed]; a signing time more than ``signing_window_s`` from the entry id's time
 [stale]; a (key, nonce) pair already seen on an earlier entry [replay] — that last one is
 checked on the server, in the settle script that marks the fetch read (settle.lua, op "n").
+
+A sender refuses to make a signature receivers would reject, before anything is written:
+``ClockSkew`` while its clock was last measured too far from the Redis clock (``_clock``),
+``NotPermitted`` while the trust list revokes or omits the key it holds (re-read on change).
 """
 
 from __future__ import annotations

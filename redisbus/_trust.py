@@ -11,8 +11,10 @@ tool)::
 Each key id maps to a public key and the channels and agent names (``fnmatch`` patterns) it
 may speak for. The file is re-read when its modification time changes (checked at most once a
 second), so rotation (add the new key, switch the host, remove the old one) and revocation
-(move the id to ``revoked``, or delete it) take effect without a restart. Nothing here is in
-Redis: an attacker who can write to Redis cannot add a key.
+(move the id to ``revoked``, or delete it) take effect without a restart — for this host's own
+key too: its joins and signed sends are refused (``NotPermitted``) while the list revokes or
+omits it, and work again once it lists it. Nothing here is in Redis: an attacker who can write
+to Redis cannot add a key.
 """
 
 from __future__ import annotations
@@ -55,10 +57,31 @@ class TrustRing:
         self._checked = float("-inf")
         self.keys: dict[str, TrustEntry] = {}
         self.revoked: frozenset[str] = frozenset()
-        self.kid: str | None = None
+        self._kid: str | None = None
         self._refresh(force=True)
 
     verifies = True
+
+    @property
+    def kid(self) -> str | None:
+        """This host's key id as the trust list says now: None while its key is absent from
+        the list or revoked, back when the file changes again (each read may re-read it)."""
+        self._refresh()
+        return self._kid
+
+    def cannot_sign(self) -> str:
+        if self._private is None or self.kid is not None:
+            return ""
+        listed = [k for k, e in self.keys.items() if e.raw == self._own]
+        if listed:
+            return (
+                f"this host's key {listed[0]!r} is revoked in the trust file {self._path!r}: "
+                "receivers would reject what it signs"
+            )
+        return (
+            f"this host's key is not in the trust file {self._path!r}: receivers would reject "
+            "what it signs; add its public key there"
+        )
 
     def _refresh(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -73,7 +96,8 @@ class TrustRing:
             return
         self.keys, self.revoked = load_trust(self._path)
         self._stamp = stamp
-        self.kid = next(
+        # the host's own key follows the file both ways: revoked or removed, then restored
+        self._kid = next(
             (
                 k
                 for k, e in self.keys.items()

@@ -17,6 +17,10 @@ Series (every label bounded; no message id, agent or channel name is ever a labe
 ``redisbus_messages_done_total{host}``                messages marked done
 ``redisbus_redeliveries_total{host}``                 messages fetched again after a lost lease
 ``redisbus_dead_lettered_total{host}``                messages moved to a dead-letter stream
+``redisbus_clock_skew_seconds{host}``                 this host's clock minus Redis ``TIME`` at the
+                                                      last measurement (join, heartbeat); signed
+                                                      sends are refused past half the signing
+                                                      window
 ``redisbus_build_info{version}``                      always 1
 ====================================================  =============================================
 
@@ -69,6 +73,7 @@ __all__ = [
     "LATENCY_BUCKETS_S",
     "MESSAGE_TYPES",
     "NOOP",
+    "NOT_ON_DASHBOARD",
     "REJECT_REASONS",
     "BusMetrics",
     "MetricsSink",
@@ -162,7 +167,21 @@ FLEET_GAUGES: Final[dict[str, tuple[str, ...]]] = {
     "redisbus_redis_maxmemory_policy": ("policy",),  # 1 for the policy Redis runs with
     "redisbus_exporter_redis_up": (),  # 0 when the exporter's last read of Redis failed
     "redisbus_exporter_collect_duration_seconds": (),
+    # stream: "channel" (the channel streams) or "dead_letter" (the dead-letter streams)
+    "redisbus_stream_entries": ("stream",),  # held now (XLEN)
+    "redisbus_stream_entries_added": ("stream",),  # ever added (Redis 7+), kept by Redis
+    "redisbus_stream_entries_removed": ("stream",),  # trimmed or deleted: added - held
 }
+
+#: Fleet gauges the dashboard does not draw: the stream entry counts behind the
+#: ``RedisbusStoredEntriesLost`` alert, whose meaning is a fall no trim explains.
+NOT_ON_DASHBOARD: Final[frozenset[str]] = frozenset(
+    {
+        "redisbus_stream_entries",
+        "redisbus_stream_entries_added",
+        "redisbus_stream_entries_removed",
+    }
+)
 
 _OTHER: Final = "other"
 _MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -179,6 +198,7 @@ class MetricsSink(Protocol):
     def redelivered(self, n: int = 1) -> None: ...
     def dead_lettered(self, n: int = 1) -> None: ...
     def message_rejected(self, reason: str, n: int = 1) -> None: ...
+    def clock_skew(self, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -193,6 +213,7 @@ class _Families:
     redelivered: Counter
     dead_lettered: Counter
     message_rejected: Counter
+    clock_skew: Gauge
     build_info: Gauge
 
 
@@ -262,6 +283,15 @@ def _create_families(registry: CollectorRegistry) -> _Families:
             ("reason", "host"),
             registry=registry,
         ),
+        clock_skew=Gauge(
+            "redisbus_clock_skew_seconds",
+            "This host's clock minus the Redis clock (TIME), at the last measurement; signed "
+            "sends are refused (ClockSkew) when it is past half the signing window.",
+            host,
+            registry=registry,
+            # every process of a host reads the same clock: the latest measurement is the news
+            multiprocess_mode="mostrecent",
+        ),
         build_info=Gauge(
             "redisbus_build_info",
             "Always 1; the version label says which redisbus this process runs.",
@@ -307,6 +337,8 @@ class BusMetrics:
         self._message_rejected = {
             r: f.message_rejected.labels(r, host) for r in (*_signing.REASONS, _OTHER)
         }
+        # no series until a measurement: an absent skew is "not measured", not "0 s"
+        self._clock_skew_family = f.clock_skew
 
     def sent(self, type_: str, n: int = 1) -> None:
         """``n`` messages of type ``type_`` were appended to a stream (a broadcast counts
@@ -349,6 +381,11 @@ class BusMetrics:
         if n > 0:
             self._message_rejected.get(reason, self._message_rejected[_OTHER]).inc(n)
 
+    def clock_skew(self, seconds: float) -> None:
+        """This host's clock was measured ``seconds`` ahead of the Redis clock (negative:
+        behind)."""
+        self._clock_skew_family.labels(self.host).set(seconds)
+
 
 class NoopMetrics:
     """The :class:`MetricsSink` used when metrics are off: every method does nothing."""
@@ -375,6 +412,9 @@ class NoopMetrics:
         pass
 
     def message_rejected(self, reason: str, n: int = 1) -> None:
+        pass
+
+    def clock_skew(self, seconds: float) -> None:
         pass
 
 

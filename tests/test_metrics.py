@@ -58,6 +58,7 @@ def test_series_have_the_spec_names_types_and_labels() -> None:
         "redisbus_redeliveries": "counter",
         "redisbus_dead_lettered": "counter",
         "redisbus_messages_rejected": "counter",
+        "redisbus_clock_skew_seconds": "gauge",
         "redisbus_build_info": "gauge",
     }
     labels = {s.name: set(s.labels) - {"le"} for f in families.values() for s in f.samples}
