@@ -30,7 +30,19 @@ label except the top-N series):
 ``redisbus_redis_maxmemory_policy{policy}``      1 for Redis' eviction policy (want noeviction)
 ``redisbus_exporter_redis_up``                   1 when the last read of Redis succeeded, else 0
 ``redisbus_exporter_collect_duration_seconds``   time the last read of Redis took
+``redisbus_stream_entries{stream}``              entries held in the channel (``stream=
+                                                 "channel"``) or dead-letter streams (``XLEN``)
+``redisbus_stream_entries_added{stream}``        entries ever added to them (``XINFO STREAM``
+                                                 ``entries-added``; Redis 7+, absent on 6.2)
+``redisbus_stream_entries_removed{stream}``      added minus held: trimmed by a janitor or
+                                                 deleted (a replayed dead letter)
 ===============================================  ================================================
+
+Redis keeps ``entries-added`` with each stream, in its RDB and AOF, whichever janitor trims:
+a trim moves entries from held to removed and leaves added alone, so added falls only when
+entries vanish without a trim, e.g. a restart that did not reload them (alert
+``RedisbusStoredEntriesLost``). The sums cover the channels the exporter reads (the first
+``exporter_max_channels`` by name).
 
 On a Redis Cluster the memory gauges are those of the primary closest to its limit.
 
@@ -75,6 +87,7 @@ from pydantic import Field
 from redis.exceptions import RedisError
 
 from ._errors import InvalidInput, RedisbusError
+from ._keys import ChannelKeys
 from ._settings import BusSettings
 from .bus import Bus
 from .fleet import FleetSnapshot, read_fleet
@@ -82,7 +95,15 @@ from .janitor import sweep_all
 from .metrics import FLEET_GAUGES
 from .watchdog import Watchdog
 
-__all__ = ["Exporter", "ExporterSettings", "FleetCollector", "RedisMemory", "serve"]
+__all__ = [
+    "Exporter",
+    "ExporterSettings",
+    "FleetCollector",
+    "RedisMemory",
+    "StreamTotals",
+    "read_streams",
+    "serve",
+]
 
 log = logging.getLogger("redisbus.exporter")
 
@@ -138,6 +159,50 @@ def read_memory(r: Any) -> RedisMemory:
     return RedisMemory.from_info(r.info("memory"))
 
 
+STREAM_KINDS = ("channel", "dead_letter")
+
+
+@dataclass(frozen=True)
+class StreamTotals:
+    """Entries of the channel and dead-letter streams, summed per kind: held now, and ever
+    added (``None`` where Redis does not report it: before 7.0)."""
+
+    held: dict[str, int]
+    added: dict[str, int] | None
+
+    @property
+    def removed(self) -> dict[str, int] | None:
+        """Trimmed or deleted: what was added and is no longer held."""
+        if self.added is None:
+            return None
+        return {k: self.added[k] - self.held[k] for k in STREAM_KINDS}
+
+
+def read_streams(r: Any, prefix: str, channels: Iterable[str]) -> StreamTotals:
+    """``XINFO STREAM`` (O(1), allowed to the read-only user) of each channel's stream and
+    dead-letter stream, in one pipeline; a stream not created yet counts 0."""
+    keys = [ChannelKeys.build(prefix, name) for name in channels]
+    pipe = r.pipeline(transaction=False)
+    for k in keys:
+        pipe.xinfo_stream(k.stream)
+        pipe.xinfo_stream(k.dlq)
+    replies = pipe.execute(raise_on_error=False) if keys else []
+    held = dict.fromkeys(STREAM_KINDS, 0)
+    added: dict[str, int] | None = dict.fromkeys(STREAM_KINDS, 0)
+    for i, reply in enumerate(replies):
+        kind = STREAM_KINDS[i % 2]
+        if isinstance(reply, Exception):
+            if "no such key" in str(reply).lower():
+                continue
+            raise reply
+        held[kind] += int(reply["length"])
+        if added is not None and reply.get("entries-added") is not None:
+            added[kind] += int(reply["entries-added"])
+        else:
+            added = None  # Redis 6.2: not reported
+    return StreamTotals(held, added)
+
+
 # -- the collector ------------------------------------------------------------------------------
 
 _HELP = {
@@ -157,6 +222,11 @@ _HELP = {
     "redisbus_redis_maxmemory_policy": "1 for Redis' eviction policy (redisbus needs noeviction).",
     "redisbus_exporter_redis_up": "1 when the exporter's last read of Redis succeeded, else 0.",
     "redisbus_exporter_collect_duration_seconds": "Time the exporter's last read of Redis took.",
+    "redisbus_stream_entries": "Entries held in the channel or dead-letter streams (XLEN).",
+    "redisbus_stream_entries_added": "Entries ever added to the channel or dead-letter streams "
+    "(XINFO STREAM entries-added, kept by Redis); falls only when entries vanish untrimmed.",
+    "redisbus_stream_entries_removed": "Entries trimmed or deleted from the channel or "
+    "dead-letter streams (added minus held).",
 }
 
 
@@ -169,10 +239,12 @@ class FleetCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         with self._exporter._lock:  # the snapshot and the memory of the same read
             snap, memory = self._exporter._snap, self._exporter._memory
+            streams = self._exporter._streams
             duration_s = self._exporter._duration_s
-        if snap is not None and memory is not None:
+        if snap is not None and memory is not None and streams is not None:
             yield from fleet_families(snap, self._exporter.settings.exporter_top_n)
             yield from memory_families(memory)
+            yield from stream_families(streams)
         yield _gauge("redisbus_exporter_redis_up", 1 if snap is not None else 0)
         yield _gauge("redisbus_exporter_collect_duration_seconds", duration_s)
 
@@ -215,6 +287,23 @@ def memory_families(memory: RedisMemory) -> Iterator[GaugeMetricFamily]:
     yield policy
 
 
+def stream_families(streams: StreamTotals) -> Iterator[GaugeMetricFamily]:
+    """Entries held, ever added and removed, per kind of stream; added and removed only where
+    Redis reports entries-added."""
+    values = {
+        "redisbus_stream_entries": streams.held,
+        "redisbus_stream_entries_added": streams.added,
+        "redisbus_stream_entries_removed": streams.removed,
+    }
+    for name, per_kind in values.items():
+        if per_kind is None:
+            continue
+        family = GaugeMetricFamily(name, _HELP[name], labels=["stream"])
+        for kind in STREAM_KINDS:
+            family.add_metric([kind], per_kind[kind])
+        yield family
+
+
 # -- the exporter -------------------------------------------------------------------------------
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -245,6 +334,7 @@ class Exporter:
         self._lock = threading.Lock()
         self._snap: FleetSnapshot | None = None
         self._memory: RedisMemory | None = None
+        self._streams: StreamTotals | None = None
         self._duration_s = 0.0
         self._error: str | None = "not read yet"
         self._capped_at: int | None = None
@@ -262,6 +352,7 @@ class Exporter:
         t0 = time.perf_counter()
         snap: FleetSnapshot | None = None
         memory: RedisMemory | None = None
+        streams: StreamTotals | None = None
         error: str | None = None
         try:
             snap = read_fleet(
@@ -271,13 +362,14 @@ class Exporter:
                 max_channels=s.exporter_max_channels,
             )
             memory = read_memory(self.bus.redis)
+            streams = read_streams(self.bus.redis, s.prefix, (c.name for c in snap.channels))
         except (RedisError, RedisbusError, OSError) as e:
             error = f"{type(e).__name__}: {e}"
         except Exception as e:  # a reply we did not expect must not stop the read loop
             log.exception("exporter: reading Redis failed")
             error = f"{type(e).__name__}: {e}"
         if error is not None:
-            snap = memory = None
+            snap = memory = streams = None
         duration = time.perf_counter() - t0
         with self._lock:
             if error and error != self._error:
@@ -285,6 +377,7 @@ class Exporter:
             elif error is None and self._error is not None and self._error != "not read yet":
                 log.info("exporter: reading Redis again")
             self._snap, self._memory, self._duration_s, self._error = snap, memory, duration, error
+            self._streams = streams
         if snap is not None and memory is not None:
             self._note_cap(snap)
             self._note_policy(memory)

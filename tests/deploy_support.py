@@ -25,7 +25,7 @@ K8S = DEPLOY / "k8s"
 REDIS_DIR = DEPLOY / "redis"
 GRAFANA = ROOT / "grafana"
 LATENCY_BUCKET = "redisbus_delivery_latency_seconds_bucket"
-RANGE_FUNCS = ("rate", "irate", "increase", "delta", "deriv")
+RANGE_FUNCS = ("rate", "irate", "increase", "delta", "deriv", "resets")
 PROMQL_WORDS = {
     "sum", "max", "min", "avg", "count", "topk", "bottomk", "by", "without", "on", "ignoring",
     "and", "or", "unless", "histogram_quantile", "clamp_min", "clamp_max", "absent", "le",

