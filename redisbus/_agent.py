@@ -253,15 +253,16 @@ def _server(bus: Any) -> str:
     return str(bus.url or id(bus))
 
 
-def take_consumer(bus: Any, stream: str, agent: str, replica: str) -> str:
+def take_consumer(bus: Any, stream: str, agent: str, replica: str, *, exact: bool = False) -> str:
     """The consumer name of a new handle of ``agent``: ``replica``, or ``replica#2``, ``#3``…
     while another open handle of this process (of any bus on the same server) serves the agent
     under it. Two handles sharing a consumer would both be handed the same message (each reads
-    the consumer's pending list); as separate replicas, each message goes to one of them."""
+    the consumer's pending list); as separate replicas, each message goes to one of them.
+    With ``exact`` (a name the caller chose) the name is taken as it is."""
     with _CONSUMERS_LOCK:
         taken = _CONSUMERS.setdefault((_server(bus), stream, agent), {})
         name, n = replica, 1
-        while name in taken:
+        while name in taken and not exact:
             n += 1
             name = f"{replica}#{n}"
         taken[name] = id(bus)

@@ -61,8 +61,10 @@ class AsyncChannel:
             # as it either
             raise NotPermitted(f"this host's key may not speak for {agent!r} on {self.name!r}")
         k = self.keys
-        # a second handle of the agent in this process is a replica of its own
-        rep = take_consumer(self.bus, k.stream, agent, rep)
+        # a second handle of the agent in this process is a replica of its own (a name the
+        # caller gives is taken as given: a stable name is the caller's promise, see
+        # docs/delivery.md, and a restarted replica must find its pending entries under it)
+        rep = take_consumer(self.bus, k.stream, agent, rep, exact=replica is not None)
         argv = [
             agent,
             parent or "",
