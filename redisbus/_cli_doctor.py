@@ -19,6 +19,7 @@ import redis
 from rich.text import Text
 
 from ._cli_base import ClusterOpt, Exit, JsonOpt, PrefixOpt, UrlOpt, app, connect, out, write_json
+from ._clock import FIX, skew_check
 from ._errors import human_number
 from ._keys import ChannelKeys, registry_key
 from ._scripts import source
@@ -112,6 +113,7 @@ def doctor(
                 c.node = node
             checks += found
         checks.append(janitor_check(r, bus.settings.prefix, bus.settings.retention_s))
+        checks.append(clock_check(r, bus.settings))
     if as_json:
         write_json([asdict(c) for c in checks])
     else:
@@ -185,6 +187,15 @@ def eviction_check(memory: dict[str, Any]) -> Check:
             "redis.conf",
         )
     used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+    if limit and used >= limit:
+        return Check(
+            "eviction",
+            "fail",
+            f"noeviction, and Redis is at its limit ({used} of {limit} bytes): every send is "
+            "refused; consumers still drain (wait, read, mark_done) and the janitor still trims",
+            "let consumers drain and the janitor trim (redisbus janitor --once), or raise "
+            "maxmemory",
+        )
     if limit and used > 0.9 * limit:
         return Check(
             "eviction",
@@ -402,6 +413,18 @@ def aof_reload_check(r: Any, server: dict[str, Any], persistence: dict[str, Any]
         "restart, which reads the ACL file before the AOF; ACL SETUSER default off resetpass "
         "~* &* +@all makes it so now",
     )
+
+
+def clock_check(r: Any, settings: Any) -> Check:
+    """This host's clock against Redis TIME: a signing host past the limit has its signed
+    sends refused (ClockSkew)."""
+    try:
+        ok, detail = skew_check(r, settings)
+    except redis.exceptions.RedisError as e:
+        return Check("clock", "unknown", f"TIME failed: {e}")
+    if ok:
+        return Check("clock", "ok", detail)
+    return Check("clock", "fail", detail, FIX)
 
 
 def latency_check(r: Any, rounds: int = 5) -> Check:

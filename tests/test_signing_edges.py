@@ -267,3 +267,58 @@ def test_keygen_into_a_missing_directory_says_to_create_it(tmp_path: Path) -> No
     assert str(where) in text and "mkdir -m 700 -p" in text
     assert "unexpected" not in text
     assert not where.exists()
+
+
+def test_join_and_the_heartbeat_measure_the_clock_themselves(redis_url: str, face: str) -> None:
+    # given: a signing host whose clock is two minutes ahead, never measured by hand
+    from redisbus import AsyncBus
+    from tests.conftest import Synced
+
+    registry = CollectorRegistry()
+    s = settings(signing_keys={"k1": "fleet"}, heartbeat_s=0.2)
+    metrics = BusMetrics(registry, host="h")
+    bus: Any
+    if face == "sync":
+        bus = Bus.from_url(redis_url, settings=s, metrics=metrics)
+    else:
+        import asyncio
+
+        bus = Synced(
+            AsyncBus.from_url(redis_url, settings=s, metrics=metrics), asyncio.new_event_loop()
+        )
+    try:
+        signer = (bus.target if hasattr(bus, "target") else bus)._signer
+        signer.clock_ms = lambda: wall_ms() + 120_000
+        ch = bus.channel(channel_name())
+
+        # when: an agent joins (join measures), then sends
+        reader, writer = ch.join("reader"), ch.join("writer")
+        with pytest.raises(ClockSkew, match="120"):
+            writer.send("reader", "late")
+        skew = registry.get_sample_value("redisbus_clock_skew_seconds", {"host": "h"})
+        assert skew is not None and 119 < skew < 121
+
+        # when: the clock is fixed: the next heartbeat measures it again and sends go through
+        signer.clock_ms = wall_ms
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                writer.send("reader", "on time")
+                break
+            except ClockSkew:
+                time.sleep(0.1)
+        assert [m.body for m in reader.wait(timeout=5).messages] == ["on time"]
+    finally:
+        bus.close()
+
+
+def test_doctor_fails_a_skewed_clock_and_a_full_server(redis_url: str, tmp_path: Path) -> None:
+    from redisbus._cli_doctor import clock_check, eviction_check
+
+    r = Bus.from_url(redis_url, settings=settings()).redis
+    signing = settings(signing_keys={"k1": "fleet"})
+    assert clock_check(r, signing).verdict == "ok"
+    full = {"maxmemory_policy": "noeviction", "used_memory": 2000, "maxmemory": 1000}
+    check = eviction_check(full)
+    assert check.verdict == "fail" and "at its limit" in check.detail
+    assert eviction_check({**full, "used_memory": 500}).verdict == "ok"

@@ -16,7 +16,7 @@ from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING, give_back_consumers
-from .._errors import BusConnectionError, RedisbusError
+from .._errors import BusConnectionError, ClockSkew, NotPermitted, RedisbusError
 from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
 from .._outage import Outage
@@ -149,6 +149,17 @@ class AsyncBus:
     async def channels(self) -> builtins.list[str]:
         return sorted(await self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
 
+    async def _measure_clock(self) -> None:
+        """With signing on, this host's clock against Redis TIME (at join and every beat): a
+        signer past the limit refuses to sign (ClockSkew) instead of sending what every
+        receiver would reject as stale. Shown as redisbus_clock_skew_seconds."""
+        signer = self._signer
+        if not signer.enabled:
+            return
+        sent = signer.clock_ms()
+        reply = await self._io.call(self._io.r.time)
+        self.metrics.clock_skew(signer.observe_time(reply, sent, signer.clock_ms()))
+
     # -- heartbeat --------------------------------------------------------------------------
     async def _beat(self, groups: builtins.list[dict[str, AsyncAgent]]) -> None:
         """Renew each local replica's lease and write the status its agent wants shown; agents
@@ -159,6 +170,7 @@ class AsyncBus:
         ``heartbeat_s``."""
         io = self._io
         s = self.settings
+        await self._measure_clock()
         lease_ms, period_ms = int(s.agent_lease_s * 1000), int(s.heartbeat_s * 1000)
         for agents in groups:
             k = next(iter(agents.values()))._keys
@@ -173,18 +185,17 @@ class AsyncBus:
                 parent = ""
                 if self._signer.enabled:  # the outcome is signed for the lost agent's parent
                     parent = await io.call(io.r.hget, k.parents, name) or ""
+                try:
+                    sigs = core.sign_outcome(
+                        self._signer, k.channel, "lost", name, name, _LOST, parent
+                    )
+                except (ClockSkew, NotPermitted) as e:  # another host's beat declares it
+                    log.warning("redisbus: cannot sign %s's loss here: %s", name, e)
+                    continue
                 reply = await io.script(
                     "outcome",
                     [k.stream, k.parents, k.status, k.inbox],
-                    [
-                        "lost",
-                        name,
-                        name,
-                        _LOST,
-                        *core.sign_outcome(
-                            self._signer, k.channel, "lost", name, name, _LOST, parent
-                        ),
-                    ],
+                    ["lost", name, name, _LOST, *sigs],
                 )
                 core.raise_if_refused(reply)
 

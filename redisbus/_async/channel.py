@@ -60,6 +60,7 @@ class AsyncChannel:
             # names are owned: this host's key may not speak for it, so it may not receive
             # as it either
             raise NotPermitted(f"this host's key may not speak for {agent!r} on {self.name!r}")
+        await self.bus._measure_clock()  # (signing on: a skewed host learns it here)
         k = self.keys
         # a second handle of the agent in this process is a replica of its own (a name the
         # caller gives is taken as given: a stable name is the caller's promise, see

@@ -17,7 +17,7 @@ from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING, give_back_consumers
-from .._errors import BusConnectionError, RedisbusError
+from .._errors import BusConnectionError, ClockSkew, NotPermitted, RedisbusError
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
 from .._outage import Outage
@@ -146,6 +146,17 @@ class Bus:
     def channels(self) -> builtins.list[str]:
         return sorted(self._io.call(self._io.r.smembers, registry_key(self.settings.prefix)))
 
+    def _measure_clock(self) -> None:
+        """With signing on, this host's clock against Redis TIME (at join and every beat): a
+        signer past the limit refuses to sign (ClockSkew) instead of sending what every
+        receiver would reject as stale. Shown as redisbus_clock_skew_seconds."""
+        signer = self._signer
+        if not signer.enabled:
+            return
+        sent = signer.clock_ms()
+        reply = self._io.call(self._io.r.time)
+        self.metrics.clock_skew(signer.observe_time(reply, sent, signer.clock_ms()))
+
     # -- heartbeat --------------------------------------------------------------------------
     def _beat(self, groups: builtins.list[dict[str, Agent]]) -> None:
         """Renew each local replica's lease and write the status its agent wants shown; agents
@@ -156,6 +167,7 @@ class Bus:
         ``heartbeat_s``."""
         io = self._io
         s = self.settings
+        self._measure_clock()
         lease_ms, period_ms = int(s.agent_lease_s * 1000), int(s.heartbeat_s * 1000)
         for agents in groups:
             k = next(iter(agents.values()))._keys
@@ -170,18 +182,17 @@ class Bus:
                 parent = ""
                 if self._signer.enabled:  # the outcome is signed for the lost agent's parent
                     parent = io.call(io.r.hget, k.parents, name) or ""
+                try:
+                    sigs = core.sign_outcome(
+                        self._signer, k.channel, "lost", name, name, _LOST, parent
+                    )
+                except (ClockSkew, NotPermitted) as e:  # another host's beat declares it
+                    log.warning("redisbus: cannot sign %s's loss here: %s", name, e)
+                    continue
                 reply = io.script(
                     "outcome",
                     [k.stream, k.parents, k.status, k.inbox],
-                    [
-                        "lost",
-                        name,
-                        name,
-                        _LOST,
-                        *core.sign_outcome(
-                            self._signer, k.channel, "lost", name, name, _LOST, parent
-                        ),
-                    ],
+                    ["lost", name, name, _LOST, *sigs],
                 )
                 core.raise_if_refused(reply)
 
