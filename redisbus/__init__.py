@@ -34,6 +34,7 @@ from ._errors import (
     RecipientClosed,
     RedisbusError,
     RoutingRefused,
+    ServerFull,
     TooLarge,
     UnknownAgent,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "RedisbusError",
     "Roster",
     "RoutingRefused",
+    "ServerFull",
     "TooLarge",
     "UnknownAgent",
     "WaitResult",

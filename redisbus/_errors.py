@@ -12,7 +12,9 @@
     │   ├── ChainTooDeep                       reply of a reply ... past max_chain_depth
     │   ├── LoopRefused                        auto-reply rules, ping-pong dampener
     │   ├── CircuitOpen                        recipient dead-lettering repeatedly: paused
-    │   └── BudgetExceeded                     team budget: depth, members or messages
+    │   ├── BudgetExceeded                     team budget: depth, members or messages
+    │   └── ServerFull                         Redis at maxmemory (noeviction): sends refused
+    │                                          until consumers drain and the janitor trims
     ├── RoutingRefused                         recipient outside the sender's reach
     ├── NotPermitted                           e.g. cancelling an agent that is not your child
     ├── ClockSkew (.skew_s .limit_s)           this host's clock is too far from Redis's to
@@ -61,6 +63,7 @@ __all__ = [
     "RecipientClosed",
     "RedisbusError",
     "RoutingRefused",
+    "ServerFull",
     "TooLarge",
     "UnknownAgent",
     "UnknownChannel",
@@ -167,6 +170,14 @@ class BudgetExceeded(LimitExceeded):
     code = "budget"
 
 
+class ServerFull(LimitExceeded):
+    """Redis is at its ``maxmemory`` with ``noeviction``: it refuses every write that may
+    grow memory, so nothing was written. Consumers still drain (wait, read, mark_done) and the
+    janitor still trims; retry once they have made room."""
+
+    code = "server_full"
+
+
 class RoutingRefused(RedisbusError):
     code = "routing_refused"
 
@@ -265,6 +276,7 @@ _BY_CODE: dict[str, type[RedisbusError]] = {
         LoopRefused,
         CircuitOpen,
         BudgetExceeded,
+        ServerFull,
         RoutingRefused,
         NotPermitted,
         UnknownAgent,

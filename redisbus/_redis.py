@@ -23,7 +23,7 @@ import redis
 from redis import exceptions as rx
 from redis._parsers.base import BaseParser
 
-from ._errors import BusConnectionError, InvalidInput, RedisbusError, UnknownAgent
+from ._errors import BusConnectionError, InvalidInput, RedisbusError, ServerFull, UnknownAgent
 from ._keys import ChannelKeys
 from ._settings import BusSettings
 
@@ -50,6 +50,13 @@ def classify(e: BaseException) -> tuple[Action, RedisbusError]:
         msg = str(e)
         if msg.startswith(_RETRY_PREFIXES):
             return "retry", BusConnectionError(f"Redis busy: {msg}")
+        # (redis-py parses a plain OOM reply as OutOfMemoryError; a script's error on 6.2
+        # quotes it mid-text)
+        if isinstance(e, rx.OutOfMemoryError) or "OOM command not allowed" in msg:
+            return "raise", ServerFull(
+                "Redis is at its maxmemory (noeviction) and refused the write; nothing was "
+                "written. Consumers still drain and the janitor still trims: retry later"
+            )
         if msg.startswith("NOGROUP"):
             return "raise", UnknownAgent(f"agent has no consumer group (not joined): {msg}")
         if "NOPERM" in msg or "NOAUTH" in msg or "WRONGPASS" in msg:

@@ -117,6 +117,7 @@ REJECT_REASONS: Final[frozenset[str]] = frozenset(
         "recipient_closed",
         "channel_paused",
         "budget",
+        "server_full",
         "invalid_input",
         # further codes of the error tree that a send can end with
         "not_permitted",

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from redisbus import AsyncBus, Bus, RedisbusError
+from redisbus import AsyncBus, Bus, ServerFull
 from tests.conftest import Synced, settings
 from tests.servers import Server, start_server
 
@@ -63,7 +63,7 @@ def test_consumers_drain_a_server_at_its_memory_limit(private: Server, face: str
         before = snapshot(r, ch)
 
         # when: a sends more: then it is refused cleanly, nothing half-written
-        with pytest.raises(RedisbusError):
+        with pytest.raises(ServerFull):
             a.send("b", "one more")
         assert snapshot(r, ch) == before
 
