@@ -206,6 +206,11 @@ def _stored(channel: str, field: str, raw: str) -> float | None:
     return clamped
 
 
+def _count(text: str | None) -> int:
+    """A whole number field of a dead letter, 0 when a raw write left something else."""
+    return int(text) if text and text.isdigit() and len(text) < 20 else 0
+
+
 def parse_dead_letters(channel: str, entries: Sequence[Any]) -> list[DeadLetter]:
     out = []
     for entry_id, f in entries:
@@ -215,9 +220,9 @@ def parse_dead_letters(channel: str, entries: Sequence[Any]) -> list[DeadLetter]
                 id=entry_id,
                 original_id=orig,
                 recipient=f.get("a", ""),
-                deliveries=int(f.get("n", "0")),
+                deliveries=_count(f.get("n")),
                 reason=f.get("w", ""),
-                dead_at=ms_to_dt(int(f["dead_ms"])) if f.get("dead_ms") else None,
+                dead_at=ms_to_dt(_count(f.get("dead_ms"))) if f.get("dead_ms") else None,
                 message=message_from_fields(channel, orig, f, read=False),
             )
         )

@@ -233,11 +233,39 @@ class Signer:
         reason = self.ring.verify_bytes(kid, payload, sig)
         if reason:
             return reason
-        if not self.ring.may_speak(kid, channel, None if mode == "lost" else f.get("f", "")):
+        # a loss is declared, and a dead letter replayed, by whichever host saw or chose it:
+        # its key needs the channel only (a replay's content is the original sender's, below)
+        speaker = None if mode in ("lost", "replay") else f.get("f", "")
+        if not self.ring.may_speak(kid, channel, speaker):
             return "not_allowed"
         if abs(int(ts) - int(entry_id.partition("-")[0])) > self.window_ms:
             return "stale"
+        if mode == "replay":
+            if me not in req.split("\n") and (not my_id or my_id not in req.split("\n")):
+                return "misaddressed"
+            return self._original(channel, f, me, my_id)
         if not _addressing_holds(mode, req, f, me, my_id, cascade):
+            return "misaddressed"
+        return ""
+
+    def _original(self, channel: str, f: Mapping[str, str], me: str, my_id: str) -> str:
+        """The check of a replayed dead letter's original signature (fields ``og`` and
+        ``on``, kept by the dead-letter stream): the content is the original sender's, spoken
+        by a key that may speak for it, and was addressed to ``me``. Its signing time is old
+        by nature: the replay's own signature (checked by the caller) is the fresh one."""
+        assert self.ring is not None
+        parts = f.get("og", "").split(":", 4)
+        ts = f.get("on", "")
+        if len(parts) != 5 or not ts.isdigit() or not parts[1]:
+            return "bad_signature"
+        kid, nonce, sig, mode, req = parts
+        reason = self.ring.verify_bytes(kid, _payload(channel, kid, nonce, ts, mode, req, f), sig)
+        if reason:
+            return reason
+        if not self.ring.may_speak(kid, channel, None if mode == "lost" else f.get("f", "")):
+            return "not_allowed"
+        names = req.split("\n")
+        if mode not in ("all", "ctl", "out", "lost") and me not in names and my_id not in names:
             return "misaddressed"
         return ""
 

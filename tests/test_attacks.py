@@ -548,3 +548,58 @@ def test_the_janitor_forgets_the_replay_record_past_its_horizon(env: Env) -> Non
     # then: the record is empty
     assert env.raw.zcard(ch.keys.nonce_at) == 0
     assert env.raw.hlen(ch.keys.nonces) == 0
+
+
+def test_a_dead_letter_replays_under_signing_and_its_copy_does_not(env: Env) -> None:
+    # given: a signed message dead-lettered after one hand-out whose lease ran out
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), max_deliveries=1, lease_s=0.3, **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    sent = writer.send("a-reader", "try me again")
+    assert [m.id for m in reader.wait(timeout=5).messages] == [sent.id]  # never marked done
+    time.sleep(0.4)
+    assert reader.wait(timeout=0.5).kind == "timeout"  # the lease ran out: dead-lettered
+    (dead,) = ch.dead_letters()
+    assert (dead.original_id, dead.recipient, dead.deliveries) == (sent.id, "a-reader", 1)
+
+    # when: a host of the channel (another one, host-b: the replay needs the channel only)
+    # replays it
+    other = env.bus("host-b").channel(ch.name)
+    new_id = other.replay(dead.id)
+
+    # then: the recipient gets it, verified, as the original sender's
+    got = reader.wait(timeout=5).messages
+    assert [(m.id, m.body, m.sender, m.verified) for m in got] == [
+        (new_id, "try me again", "a-writer", True)
+    ]
+    reader.mark_done(got)
+    assert ch.dead_letters() == []
+
+    # and: a raw copy of the replay is a replay, refused
+    copy = copy_of(env.raw, ch, new_id)
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert mark_of(env.raw, ch, copy, "a-reader").endswith(":replay")
+
+
+def test_a_replay_with_forged_content_is_refused(env: Env) -> None:
+    # given: a dead letter whose body the attacker changes before a host replays it
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), max_deliveries=1, lease_s=0.3, **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    writer.send("a-reader", "the real words")
+    reader.wait(timeout=5)
+    time.sleep(0.4)
+    reader.wait(timeout=0.5)
+    (dead,) = ch.dead_letters()
+    ((_, fields),) = env.raw.xrange(ch.keys.dlq, dead.id, dead.id)
+    env.raw.xdel(ch.keys.dlq, dead.id)
+    forged = str(env.raw.xadd(ch.keys.dlq, {**fields, "b": "words never said"}))
+
+    # when: it is replayed (the replaying host signs what it finds)
+    new_id = ch.replay(forged)
+
+    # then: the original sender's signature does not cover it: refused
+    assert reader.wait(timeout=0.5).kind == "timeout"
+    reader.flush()
+    assert mark_of(env.raw, ch, new_id, "a-reader").endswith(":bad_signature")

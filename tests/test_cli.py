@@ -418,7 +418,7 @@ def test_dlq_lists_and_replays_a_dead_letter(cli: Run, redis_url: str) -> None:
         (["read", CH, "--as", "designer", "--since", "yesterday"], None, 2, "ISO-8601"),
         (["send", CH, "nobody", "hi", "--as", "writer"], None, 1, "unknown_agent"),
         (["send", CH, "director", "-", "--as", "writer"], "x" * 40_000, 1, "too_large"),
-        (["wait", CH, "--as", "designer", "--timeout", "301"], None, 2, "at most 300"),
+        (["wait", CH, "--as", "designer", "--timeout", "301"], None, 2, "and 300 seconds"),
         (["wait", CH, "--as", "designer", "--timeout", "0.1"], None, 1, "timeout"),
         (["receipt", CH, "not-an-id", "--as", "writer"], None, 2, "message id"),
         (["read", "no-such-channel", "--as", "designer"], None, 1, "no such channel"),

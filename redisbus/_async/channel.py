@@ -143,10 +143,17 @@ class AsyncChannel:
     async def replay(self, dead_letter_id: str) -> str:
         """Give a dead letter back to its recipient as a new message; returns the new id."""
         k = self.keys
+        dead = check_entry_id(dead_letter_id, "dead letter id")
+        sig: builtins.list[str] = []
+        signer = self.bus._signer
+        if signer.enabled:  # this host signs the replay; the original's signature goes along
+            got = await self.bus._io.call(self.bus._io.r.xrange, k.dlq, dead, dead)
+            if not got:
+                raise InvalidInput(f"no dead letter {dead}")
+            f = dict(got[0][1])
+            sig = list(signer.sign(self.name, f, mode="replay", recipients=[f.get("a", "")]))
         reply = await self.bus._io.script(
-            "replay",
-            [k.stream, k.inbox, k.dlq, k.status],
-            [check_entry_id(dead_letter_id, "dead letter id")],
+            "replay", [k.stream, k.inbox, k.dlq, k.status], [dead, *sig]
         )
         core.raise_if_refused(reply)
         return str(reply[1])

@@ -117,9 +117,13 @@ end
 local function dead_letter(dlq, id, agent, deliveries, f, now)
   local fields = {'o', id, 'a', agent, 'n', tostring(deliveries), 'w', 'max_deliveries',
     'dead_ms', tostring(now)}
-  -- the entry's own fields follow, but its 'a' (a broadcast's flag) would shadow the recipient
+  -- the entry's own fields follow, but its 'a' (a broadcast's flag) would shadow the
+  -- recipient, and its signature and signing time ('g', 'n') are kept as 'og' and 'on': 'n'
+  -- here is the deliveries, and a replay is signed anew by the host replaying it
+  local rename = {g = 'og', n = 'on'}
   for i = 1, #f, 2 do
-    if f[i] ~= 'a' then fields[#fields + 1] = f[i]; fields[#fields + 1] = f[i + 1] end
+    local k = f[i]
+    if k ~= 'a' then fields[#fields + 1] = rename[k] or k; fields[#fields + 1] = f[i + 1] end
   end
   return soft('XADD', dlq, '*', unpack(fields)) ~= false
 end

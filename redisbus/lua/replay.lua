@@ -3,22 +3,34 @@
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] dlq  KEYS[4] status
 -- ARGV[1] dead-letter entry id
+-- ARGV[2] the replay's signature ("" with signing off)   ARGV[3] its signing time (ms) or ""
 --
 -- returns {1, new entry id, recipient}  or  {0, code, message}
 --
 -- The replayed message keeps its sender, subject, body and type; it is a new entry (new id),
 -- so receipts of the original stay "failed". Caps do not apply: it was accepted once.
+--
+-- Signed, it carries two signatures: the original sender's ('og', 'on': the dead-letter
+-- stream keeps them under those names) over the content, and the replaying host's ('g', 'n',
+-- mode "replay", for the recipient) over the same content, fresh: receivers check both
+-- (_signing.Signer.check), so a replay is neither stale nor a copy, and still the sender's.
 
 local stream, inbox, dlq, status, dead_id = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
 local e = redis.call('XRANGE', dlq, dead_id, dead_id)[1]
 if not e then return {0, 'invalid_input', 'no dead letter ' .. dead_id} end
-local recipient, fields = nil, {}
-local skip = {o = true, a = true, n = true, w = true, dead_ms = true, t = true}
+local recipient, fields, ns = nil, {}, 0
+local skip = {o = true, w = true, dead_ms = true, t = true}
 local f = e[2]
 for i = 1, #f, 2 do
-  if f[i] == 'a' then recipient = f[i + 1] end
-  if not skip[f[i]] then fields[#fields + 1] = f[i]; fields[#fields + 1] = f[i + 1] end
+  local k, v = f[i], f[i + 1]
+  if k == 'a' then recipient = v
+  elseif k == 'n' then -- the deliveries; a dead letter written before 'on' existed carries
+    ns = ns + 1        -- its original signing time as a second 'n'
+    if ns == 2 then fields[#fields + 1] = 'on'; fields[#fields + 1] = v end
+  elseif k == 'g' then fields[#fields + 1] = 'og'; fields[#fields + 1] = v
+  elseif not skip[k] then fields[#fields + 1] = k; fields[#fields + 1] = v end
 end
+if not recipient then return {0, 'invalid_input', 'not a dead letter: ' .. dead_id} end
 local s = redis.call('HGET', status, recipient)
 if s == 'failed' or s == 'cancelled' or s == 'lost' or not s then
   return {0, 'recipient_closed', recipient .. ' cannot receive (' .. tostring(s) .. ')'}
@@ -27,6 +39,10 @@ fields[#fields + 1] = 't'
 fields[#fields + 1] = recipient
 fields[#fields + 1] = 'rp'
 fields[#fields + 1] = dead_id
+if (ARGV[2] or '') ~= '' then
+  fields[#fields + 1] = 'g'; fields[#fields + 1] = ARGV[2]
+  fields[#fields + 1] = 'n'; fields[#fields + 1] = ARGV[3]
+end
 local id = redis.call('XADD', stream, '*', unpack(fields))
 redis.call('HINCRBY', inbox, recipient, 1)
 redis.call('XDEL', dlq, dead_id)
