@@ -30,7 +30,7 @@ _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 _MAX_TTL_S = 1e9
 
 
-def _ttl(text: str | None) -> float | None:
+def ttl_seconds(text: str | None) -> float | None:
     """A ttl field as seconds, or None when it is absent or not a finite positive number."""
     if not text or len(text) > 32:
         return None
@@ -57,7 +57,7 @@ def malformed(f: Mapping[str, str]) -> str:
     if int(get("p") or 0) > 2:
         return "priority out of range"
     x = get("x")
-    if x is not None and _ttl(x) is None:
+    if x is not None and ttl_seconds(x) is None:
         return "ttl is not a positive number"
     for k in ("r", "u"):
         v = get(k)
@@ -95,7 +95,7 @@ def message_from_fields(
     m.reply_to = get("r") or None
     m.depth = int(depth) if depth and depth.isdigit() else 0
     m.created_at = _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0]))
-    m.ttl_s = _ttl(ttl)  # (never raises: a raw entry's fields are checked by malformed())
+    m.ttl_s = ttl_seconds(ttl)  # (never raises: a raw entry's fields are checked by malformed())
     m.read, m.truncated, m.verified, m.deliveries = read, False, verified, deliveries
     m.idempotency_key, m.trace = get("i") or None, get("c") or None
     return frozen_as(m, Message)
@@ -111,7 +111,7 @@ def addressed_to(f: Mapping[str, str], agent: str) -> bool:
 
 
 def expired_at(entry_id: str, f: Mapping[str, str], now_ms: int) -> bool:
-    ttl = _ttl(f.get("x"))
+    ttl = ttl_seconds(f.get("x"))
     return ttl is not None and id_ms(entry_id) + ttl * 1000 < now_ms
 
 

@@ -18,6 +18,7 @@ from ._errors import (
     refusal,
 )
 from ._filters import check_entry_id
+from ._messages import ttl_seconds
 from ._model import (
     MESSAGE_TYPES,
     Receipt,
@@ -327,7 +328,7 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
     now = int(reply[0])
     if len(reply) == 1:
         raise InvalidInput(f"no message {entry_id} on this channel (never sent, or trimmed)")
-    ttl = float(reply[1]) if reply[1] else None
+    ttl = ttl_seconds(reply[1])  # (None for what a raw write left there)
     queued = ms_to_dt(id_ms(entry_id))
     out = []
     for name, passed, idle, mark in reply[2:]:

@@ -258,3 +258,19 @@ def test_without_redis_the_api_says_so_plainly() -> None:
         for path in ("/api/channels", "/api/snapshot?channel=film", "/api/events?channel=film"):
             res = client.get(path)
             assert (res.status_code, res.json()["error"]) == (503, "connection"), path
+
+
+def test_a_malformed_raw_entry_and_dead_letter_leave_the_console_answering(
+    conversation: Film, read_only: str, redis_url: str
+) -> None:
+    # given: raw entries whose fields are no numbers, in the stream and the dead-letter stream
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    k = conversation.ch.keys
+    r.xadd(k.stream, {"f": "writer", "t": "designer", "b": "poison", "x": "abc", "p": "high"})
+    r.xadd(k.dlq, {"o": "1-1", "a": "designer", "n": "two", "dead_ms": "soon", "x": "abc"})
+
+    # then: the channel's page, snapshot and dead letters still answer
+    assert httpx.get(f"{read_only}/c/film").status_code == 200
+    snap = httpx.get(f"{read_only}/api/snapshot", params={"channel": "film"})
+    assert snap.status_code == 200
+    assert len(conversation.ch.dead_letters()) == 2
