@@ -87,6 +87,7 @@ for i = 2, #ARGV, 2 do
       consumer, keep = string.sub(consumer, 1, sep2 - 1), tonumber(string.sub(consumer, sep2 + 1)) or 0
     end
     local me, got = '\n' .. agent .. '\n', false
+    local recorded = 0 -- signed entries of the agent this call looked up (and recorded)
     local pending = redis.call('XPENDING', stream, agent, '(' .. after, '+', 500, consumer)
     local np = #pending
     if np > 0 then
@@ -124,7 +125,9 @@ for i = 2, #ARGV, 2 do
             elseif k == 'x' then ttl = ttl_of(f[j + 1])
             elseif k == 'g' then sig = f[j + 1] end
           end
-          if not string.find('\n' .. to .. '\n', me, 1, true) then
+          local mine = string.find('\n' .. to .. '\n', me, 1, true)
+          if mine and keep > 0 and sig then recorded = recorded + 1 end
+          if not mine then
             no = no + 1
             if no == 1 then others = {eid} else others[no] = eid end
           elseif keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
@@ -154,8 +157,9 @@ for i = 2, #ARGV, 2 do
       end
       if no > 0 then changed = changed + redis.call('XACK', stream, agent, unpack(others, 1, no)) end
     end
-    if keep > 0 then -- forget the pairs older than KEEP_MS, a few per call
-      local old = redis.call('ZRANGEBYSCORE', nonce_at, '-inf', now - keep, 'LIMIT', 0, 100)
+    if keep > 0 then -- forget pairs older than KEEP_MS: as many as this call recorded, and
+      -- 100 more, so the record keeps pace with the traffic (the janitor forgets the rest)
+      local old = redis.call('ZRANGEBYSCORE', nonce_at, '-inf', now - keep, 'LIMIT', 0, 100 + recorded)
       if old[1] then
         redis.call('HDEL', nonces, unpack(old))
         redis.call('ZREM', nonce_at, unpack(old))
