@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ._cli_base import ClusterOpt, Exit, JsonOpt, PrefixOpt, UrlOpt, app, connect, out, write_json
 from ._clock import FIX, skew_check
-from ._errors import human_number
+from ._errors import BusConnectionError, human_number
 from ._keys import ChannelKeys, registry_key
 from ._scripts import source
 
@@ -101,19 +101,11 @@ def doctor(
     """Check a Redis for what the bus needs: version, eviction policy, ACL permissions, script
     load, persistence, latency, the janitor. Prints what to fix; exit 1 when a check fails."""
     with connect(url, prefix, cluster) as bus:
-        r = bus.redis
-        nodes = [("", r)]
-        if hasattr(r, "get_primaries"):  # a Cluster: each primary has its own settings
-            nodes = [(n.name, r.get_redis_connection(n)) for n in r.get_primaries()]
-        checks: list[Check] = []
-        for node, client in nodes:
-            user = bus.settings.username or urlparse(bus.settings.url or "").username
-            found = node_checks(client, bus.settings.prefix, user)
-            for c in found:
-                c.node = node
-            checks += found
-        checks.append(janitor_check(r, bus.settings.prefix, bus.settings.retention_s))
-        checks.append(clock_check(r, bus.settings))
+        bus.ping()  # an unreachable Redis exits 3 like every command's, not as a failed check
+        try:
+            checks = all_checks(bus)
+        except (redis.ConnectionError, redis.TimeoutError) as e:  # gone between checks
+            raise BusConnectionError(f"Redis unreachable: {e}") from e
     if as_json:
         write_json([asdict(c) for c in checks])
     else:
@@ -122,6 +114,24 @@ def doctor(
     failed = [c.name for c in checks if c.verdict == "fail"]
     if failed:
         raise Exit(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}", 1)
+
+
+def all_checks(bus: Any) -> list[Check]:
+    """Every check, on every primary of a Cluster."""
+    r = bus.redis
+    nodes = [("", r)]
+    if hasattr(r, "get_primaries"):  # a Cluster: each primary has its own settings
+        nodes = [(n.name, r.get_redis_connection(n)) for n in r.get_primaries()]
+    checks: list[Check] = []
+    for node, client in nodes:
+        user = bus.settings.username or urlparse(bus.settings.url or "").username
+        found = node_checks(client, bus.settings.prefix, user)
+        for c in found:
+            c.node = node
+        checks += found
+    checks.append(janitor_check(r, bus.settings.prefix, bus.settings.retention_s))
+    checks.append(clock_check(r, bus.settings))
+    return checks
 
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "unknown": "dim"}

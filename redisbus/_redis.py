@@ -103,7 +103,10 @@ class Target:
 def parse_url(url: str, cluster: bool) -> Target:
     if not isinstance(url, str) or not url:
         raise InvalidInput("Redis URL must be a non-empty string")
-    p = urlparse(url)
+    try:
+        p = urlparse(url)
+    except ValueError as e:  # "Invalid IPv6 URL"
+        raise InvalidInput(f"malformed Redis URL: {e}") from None
     if p.scheme in ("redis+sentinel", "rediss+sentinel", "sentinel"):
         hosts = []
         for part in p.netloc.rpartition("@")[2].split(","):
@@ -128,7 +131,19 @@ def parse_url(url: str, cluster: bool) -> Target:
             f"unsupported Redis URL scheme {p.scheme!r}: use redis://, rediss://, "
             "redis+sentinel:// (or cluster=True with redis://)"
         )
+    try:  # redis-py parses the rest; a bad port is the caller's input, not a crash
+        p.port  # noqa: B018 - parsing it is the check
+    except ValueError as e:  # (the URL may carry a password: not echoed)
+        raise InvalidInput(f"malformed Redis URL: {e}") from None
     return Target("cluster" if cluster else "standalone", url, ssl=p.scheme == "rediss")
+
+
+def _from_url(factory: Any, url: str, **kw: Any) -> Any:
+    """``factory.from_url``, with redis-py's ValueError for a malformed URL as InvalidInput."""
+    try:
+        return factory.from_url(url, **kw)
+    except ValueError as e:
+        raise InvalidInput(f"malformed Redis URL: {e}") from None
 
 
 def client_options(settings: BusSettings, *, blocking: bool = False) -> dict[str, Any]:
@@ -200,10 +215,10 @@ def sync_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
 
         opts.pop("health_check_interval", None)
         try:  # the sync cluster client connects in its constructor
-            return RedisCluster.from_url(url, retry=no_retry(), **opts), True
+            return _from_url(RedisCluster, url, retry=no_retry(), **opts), True
         except (rx.RedisError, rx.RedisClusterException, OSError) as e:
             raise classify(e)[1] from e
-    return redis.Redis.from_url(url, retry=no_retry(), **opts), False
+    return _from_url(redis.Redis, url, retry=no_retry(), **opts), False
 
 
 def async_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
@@ -228,10 +243,10 @@ def async_client(settings: BusSettings, url: str) -> tuple[Any, bool]:
         from redis.asyncio.cluster import RedisCluster
 
         opts.pop("health_check_interval", None)
-        return RedisCluster.from_url(url, retry=no_retry_async(), **opts), True
+        return _from_url(RedisCluster, url, retry=no_retry_async(), **opts), True
     if not t.ssl and url.startswith("redis://"):
         opts["connection_class"] = _fast_async_connection()
-    return aredis.Redis.from_url(url, retry=no_retry_async(), **opts), False
+    return _from_url(aredis.Redis, url, retry=no_retry_async(), **opts), False
 
 
 def _fast_async_connection() -> Any:

@@ -2,7 +2,10 @@
 
 Data go to a temporary directory that is removed on stop, or to ``data_dir`` with AOF on
 (``appendfsync everysec``) so a board survives restarts. The server binds to loopback only,
-uses ``maxmemory-policy noeviction`` and is stopped when the owner closes (or at exit).
+uses ``maxmemory-policy noeviction`` and is stopped when the owner closes (or at exit). It
+also dies with its owner when the owner is killed outright (SIGKILL, a crash): on Linux the
+kernel sends it SIGTERM when the owner goes (``PR_SET_PDEATHSIG``), elsewhere a small watchdog
+process watches the owner's pid.
 
 One server per data directory: the server that keeps a board records its port in the
 directory (``redisbus-server.json``), and ``shared()`` hands later processes the running
@@ -15,14 +18,19 @@ import atexit
 import contextlib
 import json
 import os
+import queue
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._errors import BusConnectionError
 
@@ -110,7 +118,7 @@ class EmbeddedRedis:
                 else ["--appendonly", "yes", "--appendfsync", "everysec"]
             )
             args += extra or []
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            proc = _spawn(args)
             if _wait_ready(p, proc):
                 me = cls(p, proc, directory, temporary, server)
                 atexit.register(me.stop)
@@ -150,6 +158,97 @@ class EmbeddedRedis:
 
 
 STATE_FILE = "redisbus-server.json"
+
+# -- dying with the owner ---------------------------------------------------------------------
+
+# The kernel sends the parent-death signal when the *thread* that forked the child ends, not
+# the process: a server started from a short-lived thread would die with that thread. So every
+# server is forked by one daemon thread that lasts as long as the process.
+_spawner: tuple[threading.Thread, Any, int] | None = None
+_spawner_lock = threading.Lock()
+
+WATCHDOG = """
+import os, signal, sys, time
+owner, server = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    time.sleep(0.5)
+    try:
+        os.kill(server, 0)
+    except OSError:
+        break  # stopped by its owner
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        os.kill(server, signal.SIGTERM)
+        break
+"""
+
+
+def _prctl() -> Any:
+    """libc's prctl, resolved before any fork (None off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[bytes]:
+    """Start ``args`` so that the process dies with this one, even when this one is killed."""
+    prctl = _prctl()
+    if prctl is None:  # a watchdog process on the owner's pid
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", WATCHDOG, str(os.getpid()), str(proc.pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        return proc
+    owner = os.getpid()
+
+    def die_with_owner() -> None:  # runs in the child, between fork and exec
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != owner:  # the owner died before the line above
+            os._exit(1)
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_owner
+        )
+
+    return _in_spawner(start)
+
+
+def _in_spawner(start: Any) -> subprocess.Popen[bytes]:
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or not _spawner[0].is_alive() or _spawner[2] != os.getpid():
+            jobs: queue.Queue[tuple[Any, queue.Queue[Any]]] = queue.Queue()
+            thread = threading.Thread(
+                target=_serve_spawns, args=(jobs,), name="redisbus-spawner", daemon=True
+            )
+            thread.start()
+            _spawner = (thread, jobs, os.getpid())
+        jobs = _spawner[1]
+    done: queue.Queue[Any] = queue.Queue()
+    jobs.put((start, done))
+    ok, value = done.get()
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]
+
+
+def _serve_spawns(jobs: queue.Queue[tuple[Any, queue.Queue[Any]]]) -> None:
+    while True:
+        start, done = jobs.get()
+        try:
+            done.put((True, start()))
+        except BaseException as e:  # handed to the caller, raised there
+            done.put((False, e))
 
 
 def running_url(data_dir: str | os.PathLike[str]) -> str | None:

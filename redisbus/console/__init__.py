@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -94,6 +95,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("redisbus console: needs the extra: pip install 'redisbus[console]'\n")
         return 1
 
+    if not 1 <= args.port <= 65535:
+        sys.stderr.write("redisbus console: --port must be between 1 and 65535\n")
+        return 2
+    try:  # bound before the banner: a port in use is said plainly, not after a "started"
+        sock = listen(args.host, args.port)
+    except OSError as e:
+        sys.stderr.write(f"redisbus console: cannot listen on {args.host}:{args.port}: {e}\n")
+        return 1
+
     settings = settings_for(args.url, args.prefix, args.cluster)
     hosts = args.allowed_host or (LOOPBACK_HOSTS if args.host in LOOPBACK_HOSTS else ["*"])
     config = ConsoleConfig(
@@ -106,11 +116,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = "changes need the token" if args.token else "read-only"
     shown = f"[{args.host}]" if ":" in args.host else args.host
     sys.stderr.write(f"redisbus console on http://{shown}:{args.port}/ ({mode}); Ctrl-C to stop\n")
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        timeout_graceful_shutdown=2,
-    )
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    with sock:
+        server.run(sockets=[sock])
+    return 0 if server.started else 1
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (what uvicorn would bind), for uvicorn to serve on."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
