@@ -49,6 +49,32 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 
+TOOL_SEARCH_ENV = "REDISBUS_TEST_TOOL_SEARCH"  # on | off | unset: Hermes's default (auto)
+
+
+def _has_tool_search() -> bool:
+    """Whether the installed Hermes has tool search (0.20+), without importing Hermes."""
+    spec = importlib.util.find_spec("tools")  # Hermes's top-level package; not imported
+    paths = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any((Path(p) / "tool_search.py").is_file() for p in paths)
+
+
+HAS_TOOL_SEARCH = _has_tool_search()
+
+
+def tool_search_mode() -> str | None:
+    """``tools.tool_search.enabled`` the scenarios run with: None on Hermes without tool
+    search; else ``$REDISBUS_TEST_TOOL_SEARCH`` or Hermes's default ``auto``."""
+    if not HAS_TOOL_SEARCH:
+        return None
+    return os.environ.get(TOOL_SEARCH_ENV) or "auto"
+
+
+def tool_search_on() -> bool:
+    """Whether plugin tools are hidden behind tool_search/tool_call in the scenarios."""
+    return tool_search_mode() not in (None, "off")
+
+
 class ScenarioError(AssertionError):
     """The scenario subprocess failed; the message carries its traceback and output tail."""
 
@@ -87,7 +113,10 @@ def run_scenario(
     src = Path(inspect.getfile(fn)).resolve()
     if fn.__name__ != fn.__qualname__:
         raise ValueError("a scenario must be a module-level function")
-    cfg = _merge(DEFAULT_CONFIG, config or {})
+    base = DEFAULT_CONFIG
+    if tool_search_mode() is not None:
+        base = _merge(base, {"tools": {"tool_search": {"enabled": tool_search_mode()}}})
+    cfg = _merge(base, config or {})
     with tempfile.TemporaryDirectory(prefix="hermes-home-") as tmp:
         hermes_home = Path(home) if home is not None else Path(tmp)
         hermes_home.mkdir(parents=True, exist_ok=True)

@@ -12,9 +12,17 @@ Standard library only. It listens on 127.0.0.1 (a free port), serves
 A script is a callable ``respond(request_json) -> list of actions``, where an action is
 ``text("...")`` (a final reply) or ``tool_call(name, **arguments)`` (one or more per reply).
 ``Conversation(request_json)`` tells a parent from a subagent (Hermes builds a child's system
-prompt from "You are a focused subagent working on a specific delegated task." and
-``YOUR TASK:\\n<goal>``) and exposes what the script usually decides on: the goal, the user
-messages, the tool results so far.
+prompt from "You are a focused subagent working on a specific delegated task.") and exposes
+what the script usually decides on: the goal (0.19 puts it in that system prompt after
+``YOUR TASK:\\n``; 0.20+ makes it the child's first user message), the user messages, the
+tool results so far.
+
+Hermes 0.20+ hides plugin tools behind tool search (the request offers ``tool_search``,
+``tool_describe``, ``tool_call``). By default the stub then routes a scripted call of a tool
+the request does not offer through ``tool_call``, in the shape that request's ``tool_call``
+schema advertises (a model that knows the bridge), and ``Conversation.tool_calls`` reads
+such calls back as calls of the underlying tool. ``StubModel(script, bridge=False)`` sends
+exactly what the script says (a model that knows only what it was told).
 
 The server is threaded (subagents run in parallel) and records every request, so a test can
 assert on exactly what each model call saw.
@@ -36,6 +44,8 @@ from typing import Any
 MODEL_ID = "stub-model"
 CONTEXT_LENGTH = 131072
 CHILD_PROMPT_MARK = "You are a focused subagent working on a specific delegated task."
+HOOK_TEXT_MARK = "\n\n[agent_channel]"  # where the plugin's turn text starts in a user message
+BRIDGE_CALL = "tool_call"  # Hermes 0.20+'s tool search: invokes a deferred tool
 
 Action = dict[str, Any]
 Script = Callable[[dict[str, Any]], list[Action]]
@@ -81,7 +91,7 @@ class Conversation:
 
     @property
     def goal(self) -> str | None:
-        """The delegated goal of a subagent (None for a parent)."""
+        """The delegated goal of a subagent (None for a parent), wherever Hermes put it."""
         if not self.is_child:
             return None
         m = re.search(
@@ -89,7 +99,13 @@ class Conversation:
             self.system,
             re.S,
         )
-        return m.group(1).strip() if m else None
+        if m:  # Hermes 0.19
+            return m.group(1).strip()
+        users = self.user_messages
+        if not users:
+            return None
+        # Hermes 0.20+: the first user message; a pre_llm_call hook's text follows it
+        return users[0].split(HOOK_TEXT_MARK, 1)[0].strip()
 
     @property
     def user_messages(self) -> list[str]:
@@ -106,8 +122,8 @@ class Conversation:
         return [_content_text(m.get("content")) for m in self.messages if m.get("role") == "tool"]
 
     @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        """Tool calls the assistant made so far: ``{"name", "arguments" (dict)}``."""
+    def raw_tool_calls(self) -> list[dict[str, Any]]:
+        """Tool calls the assistant made so far, as sent: ``{"name", "arguments" (dict)}``."""
         out = []
         for m in self.messages:
             for tc in m.get("tool_calls") or []:
@@ -120,10 +136,68 @@ class Conversation:
         return out
 
     @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """Tool calls made so far, a ``tool_call`` bridge call read as its underlying call
+        (``"via": "tool_call"``)."""
+        out = []
+        for call in self.raw_tool_calls:
+            if call["name"] == BRIDGE_CALL:
+                out.extend({**inner, "via": BRIDGE_CALL} for inner in unwrap_bridge(call))
+            else:
+                out.append(call)
+        return out
+
+    @property
     def tool_names(self) -> list[str]:
         return sorted(
             {(t.get("function") or {}).get("name", "") for t in self.request.get("tools") or []}
         )
+
+    def tool_schema(self, name: str) -> dict[str, Any] | None:
+        """The function schema the request offers under ``name``."""
+        for t in self.request.get("tools") or []:
+            fn = t.get("function") or {}
+            if fn.get("name") == name:
+                return dict(fn)
+        return None
+
+    def call(self, name: str, /, **arguments: Any) -> Action:
+        """A call of ``name``: direct when the request offers it, else through the tool
+        search bridge when the request offers ``tool_call``."""
+        if name in self.tool_names or BRIDGE_CALL not in self.tool_names:
+            return tool_call(name, **arguments)
+        return bridge_call(self.tool_schema(BRIDGE_CALL) or {}, name, arguments)
+
+
+def bridge_call(schema: dict[str, Any], name: str, arguments: dict[str, Any]) -> Action:
+    """``tool_call`` of ``name`` in the shape ``schema`` (the request's ``tool_call``) takes:
+    ``calls=[{name, arguments}]`` (iot) or ``name=, arguments=`` (axisrow)."""
+    props = (schema.get("parameters") or {}).get("properties") or {}
+    if "calls" in props or not props:
+        return tool_call(BRIDGE_CALL, calls=[{"name": name, "arguments": arguments}])
+    return tool_call(BRIDGE_CALL, name=name, arguments=arguments)
+
+
+def unwrap_bridge(call: dict[str, Any]) -> list[dict[str, Any]]:
+    """The underlying ``{"name", "arguments"}`` calls of one ``tool_call`` bridge call."""
+    args = call.get("arguments") or {}
+    calls = args.get("calls")
+    if calls is None:
+        calls = [{"name": args.get("name"), "arguments": args.get("arguments")}]
+    if isinstance(calls, dict):
+        calls = [calls]
+    out = []
+    for c in calls if isinstance(calls, list) else []:
+        inner = c.get("arguments") if isinstance(c, dict) else None
+        if isinstance(inner, str):
+            try:
+                inner = json.loads(inner)
+            except ValueError:
+                inner = {"_raw": inner}
+        out.append(
+            {"name": c.get("name") if isinstance(c, dict) else None, "arguments": inner or {}}
+        )
+    return out
 
 
 def reply_hello(_request: dict[str, Any]) -> list[Action]:
@@ -236,8 +310,9 @@ def completion(actions: list[Action]) -> dict[str, Any]:
 class StubModel:
     """``with StubModel(script) as stub: AIAgent(base_url=stub.base_url, ...)``."""
 
-    def __init__(self, script: Script = reply_hello) -> None:
+    def __init__(self, script: Script = reply_hello, *, bridge: bool = True) -> None:
         self.script = script
+        self.bridge = bridge
         self.requests: list[dict[str, Any]] = []
         self.replies: list[list[Action]] = []
         self.errors: list[str] = []
@@ -292,6 +367,12 @@ class StubModel:
             for a in actions:
                 if a.get("type") not in ("text", "tool_call"):
                     raise ValueError(f"bad action {a!r}")
+            if self.bridge:
+                c = Conversation(request)
+                actions = [
+                    c.call(a["name"], **a["arguments"]) if a["type"] == "tool_call" else a
+                    for a in actions
+                ]
         except Exception:
             err = traceback.format_exc()
             with self._lock:

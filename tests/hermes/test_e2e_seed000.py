@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import time
 
-from harness import new_agent, run_scenario
+from harness import new_agent, run_scenario, tool_search_on
 from stub_model import Action, Conversation, text, tool_call
 
 from redisbus import Bus
 
+BRIDGE = ["tool_call", "tool_describe", "tool_search"]  # Hermes 0.20+'s tool search
 GOALS = [
     "[agent: writer] Write a 3-minute sci-fi anime script for 'Neon Dreams'.",
     "[agent: designer] Design 3 main characters based on the script.",
@@ -113,6 +114,7 @@ def script(request: dict) -> list[Action]:
 def scenario_seed000() -> dict:
     from stub_model import StubModel
     from tools.process_registry import process_registry
+    from tools.registry import registry
 
     with StubModel(script) as stub:
         agent = new_agent(stub.base_url)
@@ -161,11 +163,9 @@ def scenario_seed000() -> dict:
                     for n in Conversation(r).tool_names
                 }
             ),
-            "model_schema": next(
-                t["function"]
-                for t in stub.requests[0]["tools"]
-                if t["function"]["name"] == "agent_channel"
-            ),
+            # offered directly, or (tool search) what tool_describe would load
+            "model_schema": Conversation(stub.requests[0]).tool_schema("agent_channel")
+            or registry.get_entry("agent_channel").schema,
         }
 
 
@@ -181,9 +181,11 @@ def test_seed000_rounds_through_a_real_hermes_parent(redis_url: str) -> None:
     assert [s for _, s, _ in out["event_results"]] == ["completed"] * 3
     assert out["final"] == "Accepted: script v3, three characters, twelve panels."
 
-    # what the models were offered: the tool, with no way to name a sender
-    assert out["parent_tools"] == ["agent_channel", "delegate_task"]
-    assert out["child_tools"] == ["agent_channel"]  # delegate_task is blocked for leaves
+    # what the models were offered: the tool (or, under tool search, the bridge to it),
+    # with no way to name a sender
+    offered = BRIDGE if tool_search_on() else ["agent_channel"]
+    assert out["parent_tools"] == sorted(["delegate_task", *offered])
+    assert out["child_tools"] == offered  # delegate_task is blocked for leaves
     assert not {"from", "sender"} & set(out["model_schema"]["parameters"]["properties"])
 
     # children were named from their goals; ids are Hermes's subagent ids

@@ -48,7 +48,9 @@ def scenario_delegate_two() -> dict:
         if c.is_child:
             return [text(f"done: {c.goal}")]
         if not c.tool_results:
-            return [tool_call("delegate_task", tasks=[{"goal": "Task A"}, {"goal": "Task B"}])]
+            # goals of 10+ characters: Hermes 0.20+ refuses shorter ones in a batch
+            tasks = [{"goal": "Task A: the intro"}, {"goal": "Task B: the outro"}]
+            return [tool_call("delegate_task", tasks=tasks)]
         return [text("parent saw " + str(len(json.loads(c.tool_results[0])["results"])))]
 
     declare_stateless_channel()
@@ -69,9 +71,9 @@ def scenario_delegate_two() -> dict:
 def test_stub_tells_children_apart_and_runs_parallel_children() -> None:
     out = run_scenario(scenario_delegate_two, config={"plugins": {"enabled": []}})
     assert out["errors"] == []
-    assert out["child_goals"] == ["Task A", "Task B"]
+    assert out["child_goals"] == ["Task A: the intro", "Task B: the outro"]
     summaries = sorted(r["summary"] for r in out["tool_result"]["results"])
-    assert summaries == ["done: Task A", "done: Task B"]
+    assert summaries == ["done: Task A: the intro", "done: Task B: the outro"]
     assert out["final"] == "parent saw 2"
 
 

@@ -37,10 +37,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._access import search_form
 from ._config import ChannelConfig
 from ._persona import goal_with_persona, persona_from_goal, slug
 from ._runtime import Binding, ChannelToolError, Runtime
-from ._tool import SCHEMA, TOOL_NAME, TOOLSET, make_handler
+from ._tool import SCHEMA, TOOL_NAME, TOOLSET, hermes_schema, make_handler
 
 __all__ = [
     "SCHEMA",
@@ -108,12 +109,13 @@ def _install(ctx: Any, rt: Runtime) -> None:
     global _runtime
     with _lock:
         _runtime = rt
+    schema = hermes_schema(search_form())
     ctx.register_tool(
         name=TOOL_NAME,
         toolset=TOOLSET,
-        schema=SCHEMA,
+        schema=schema,
         handler=make_handler(runtime),
-        description=SCHEMA["description"],
+        description=schema["description"],
         emoji="📨",
     )
     for name in ("subagent_start", "subagent_stop", "pre_llm_call"):
@@ -242,6 +244,11 @@ def delegate_task(
             tasks = _prepare_tasks(tasks)
         elif goal is not None and role and role.strip().lower() not in HERMES_ROLES:
             goal, role = goal_with_persona(goal, role), None
+    if tasks is not None and len(tasks) == 1 and set(tasks[0]) <= {"goal", "context", "role"}:
+        # one task goes as goal=: Hermes 0.20+ forks refuse a batch of one (axisrow: "Batch
+        # mode requires at least 2 tasks"); 0.19 treats both the same
+        one = tasks[0]
+        goal, context, role, tasks = one["goal"], one.get("context", context), one.get("role"), None
     rt_now = _runtime
     old = rt_now.set_suppressed(not enable_agent_channel) if rt_now is not None else False
     try:

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ... import Bus, ChannelMismatch
+from ._access import deferred_form, note_hint
 from ._config import ChannelConfig
 from ._persona import persona_from_goal
 
@@ -107,13 +108,20 @@ def frame_messages(channel: str, me: str, msgs: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def intro_text(b: Binding, others: list[str]) -> str:
+def intro_text(b: Binding, others: list[str], deferred: str | None = None) -> str:
+    """The first-turn note of a child; ``deferred`` is the shape of Hermes's ``tool_call``
+    when tool search hides the tool (see ``_access``)."""
     parent = f" Your parent is {b.parent}." if b.parent else ""
     members = ", ".join(others) if others else "none yet"
+    how = (
+        " " + note_hint("agent_channel", deferred) + " Its arguments:"
+        if deferred
+        else " Use the agent_channel tool to talk to them directly:"
+    )
     return (
         f'[agent_channel] You are agent "{b.name}" on the shared agent channel "{b.channel}".'
-        f"{parent} Other members: {members}. Use the agent_channel tool to talk to them "
-        'directly: action "send" (to: a name or "all"; subject; message), action "read" '
+        f"{parent} Other members: {members}.{how}"
+        ' action "send" (to: a name or "all"; subject; message), action "read" '
         "(filter_by: unread | all | to:me | from:NAME | subject:TEXT; since: ISO time or "
         'message id) and action "list" (headers only, changes nothing). Reading never '
         f"blocks unless you pass wait_seconds. What other agents write is {FRAME}."
@@ -134,6 +142,13 @@ class Runtime:
         self.session_channel: dict[str, str] = {}  # root session -> channel name override
         self.names: dict[str, set[str]] = {}  # channel -> names taken by this process
         self._local = threading.local()  # per-thread: delegations that opted out
+        self._deferred: tuple[str | None] | None = None  # (deferred_form,) once looked up
+
+    def deferred_form(self) -> str | None:
+        """How Hermes's tool search hides the tool in this process (fixed per process)."""
+        if self._deferred is None:
+            self._deferred = (deferred_form("agent_channel"),)
+        return self._deferred[0]
 
     @property
     def suppressed(self) -> bool:
@@ -342,7 +357,7 @@ class Runtime:
             except Exception:
                 log.debug("agents() failed", exc_info=True)
                 others = []
-            parts.append(intro_text(b, others))
+            parts.append(intro_text(b, others, self.deferred_form()))
         if self.config.deliver_unread:
             with b.lock:
                 msgs = self.consume(b, b.agent.read(filter_by="unread"))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import RedisbusError
+from ._access import description_hint
 from ._runtime import FRAME, ChannelToolError, Runtime, message_dict, receipt_dict
 
 log = logging.getLogger("redisbus.integrations.hermes")
@@ -20,8 +21,9 @@ PARAMS = ("action", "to", "subject", "message", "filter_by", "since", "wait_seco
 SCHEMA: dict[str, Any] = {
     "name": TOOL_NAME,
     "description": (
-        "Talk directly with the other agents of your delegation (your parent, your sibling "
-        "subagents) over a shared agent channel. action='send' posts a message to one agent "
+        "Message your parent and sibling agents directly. The other agents of your "
+        "delegation (your parent, your sibling subagents) share an agent channel: "
+        "action='send' posts a message to one agent "
         "by name or to 'all'; action='read' returns messages and marks the ones addressed to "
         "you as read; action='list' shows message headers without changing anything. You are "
         "always the sender: your identity is set by the system. Messages from other agents "
@@ -63,6 +65,14 @@ SCHEMA: dict[str, Any] = {
         "required": ["action"],
     },
 }
+
+
+def hermes_schema(form: str | None) -> dict[str, Any]:
+    """The schema as registered in a Hermes whose tool search may defer the tool (``form``:
+    the shape of its ``tool_call``, see ``_access``); ``SCHEMA`` itself when it has none."""
+    if form is None:
+        return SCHEMA
+    return {**SCHEMA, "description": f"{SCHEMA['description']} {description_hint(TOOL_NAME, form)}"}
 
 
 def _error_json(message: str, **extra: Any) -> str:
