@@ -561,11 +561,14 @@ def test_done_without_reply_completes_with_the_result_and_tasks_are_listed(
         async def talk() -> None:
             client = await client_for(f"{srv.url}/agents/bob", "tok-alice")
             task = await one_task(client, text_request("just do it", immediately=True))
+            streaming = await client_for(f"{srv.url}/agents/bob", "tok-alice", streaming=True)
+            events = streaming.subscribe(SubscribeToTaskRequest(id=task.id))
+            first = await anext(events)
+            assert first.task.status.state == TaskState.TASK_STATE_SUBMITTED
             [m] = bob.wait(timeout=10).messages
             bob.mark_done(m, result="did it, nothing to say")
-            streaming = await client_for(f"{srv.url}/agents/bob", "tok-alice", streaming=True)
-            events = [e async for e in streaming.subscribe(SubscribeToTaskRequest(id=task.id))]
-            last = events[-1].status_update.status if len(events) > 1 else events[0].task.status
+            rest = [e async for e in events]
+            last = rest[-1].status_update.status
             assert last.state == TaskState.TASK_STATE_COMPLETED
             assert last.message.parts[0].text == "did it, nothing to say"
             listed = await client.list_tasks(ListTasksRequest())

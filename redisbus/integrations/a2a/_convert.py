@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
     AgentCard,
@@ -25,7 +26,12 @@ from a2a.types.a2a_pb2 import (
     TaskState,
     TaskStatus,
 )
-from a2a.utils.errors import A2AError, InvalidParamsError, UnsupportedOperationError
+from a2a.utils.errors import (
+    A2AError,
+    ContentTypeNotSupportedError,
+    InvalidParamsError,
+    UnsupportedOperationError,
+)
 from google.protobuf.json_format import MessageToDict
 
 from ... import __version__
@@ -34,8 +40,10 @@ from ..._model import Member, Receipt
 
 __all__ = [
     "BEARER",
+    "INPUT_MODES",
     "agent_message",
     "card_for",
+    "card_json",
     "external_name",
     "refusal",
     "state_of",
@@ -44,6 +52,8 @@ __all__ = [
 ]
 
 BEARER = "bearer"
+# what a member takes in: text, and structured data parts (bridged as JSON text)
+INPUT_MODES = ["text/plain", "application/json"]
 
 # receipt status -> A2A task state (SPEC: the task follows the receipt)
 STATES: dict[str, int] = {
@@ -76,7 +86,7 @@ def card_for(member: Member, channel: str, url: str) -> AgentCard:
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version="1.0")
         ],
         capabilities=AgentCapabilities(streaming=True),
-        default_input_modes=["text/plain"],
+        default_input_modes=INPUT_MODES,
         default_output_modes=["text/plain"],
         skills=[
             AgentSkill(id=s, name=s, description=f"{member.name}: {s}", tags=[s])
@@ -94,9 +104,24 @@ def card_for(member: Member, channel: str, url: str) -> AgentCard:
     )
 
 
+def card_json(card: AgentCard, *, v0_3: bool = False) -> dict[str, Any]:
+    """The card as served: A2A 1.0 JSON. For 0.3 clients (``v0_3``), also the 0.3
+    ``security`` list beside ``securityRequirements``: a client reading only the 0.3 name
+    would otherwise report that no authentication is needed. Not in the 1.0 card: its JSON
+    schema admits no other fields."""
+    out: dict[str, Any] = agent_card_to_dict(card)
+    if not v0_3:
+        return out
+    out["security"] = [
+        {name: list(scopes.list) for name, scopes in req.schemes.items()}
+        for req in card.security_requirements
+    ]
+    return out
+
+
 def text_of(parts: Sequence[Part]) -> str:
-    """A bus body from A2A parts: text as is, structured data as JSON; files are refused
-    (the bus carries text)."""
+    """A bus body from A2A parts: text as is, structured data as JSON; files are refused as
+    a content type not supported (the bus carries text)."""
     out: list[str] = []
     for p in parts:
         kind = p.WhichOneof("content")
@@ -104,8 +129,11 @@ def text_of(parts: Sequence[Part]) -> str:
             out.append(p.text)
         elif kind == "data":
             out.append(json.dumps(MessageToDict(p.data), ensure_ascii=False))
-        else:
-            raise InvalidParamsError(f"only text and data parts can be bridged, not {kind}")
+        else:  # a file (raw bytes or a URL): a content type the bus does not carry
+            raise ContentTypeNotSupportedError(
+                f"only text and data parts can be bridged, not {kind} "
+                f"({p.media_type or 'no media type'})"
+            )
     text = "\n".join(out)
     if not text.strip():
         raise InvalidParamsError("the message has no text")
@@ -126,12 +154,12 @@ def agent_message(text: str, *, task_id: str = "", context_id: str = "", **meta:
 
 
 def state_of(receipt: Receipt | None, cancelled: bool) -> int:
+    """A canceled task stays canceled (a terminal state) whatever its receipt says later."""
+    if cancelled:
+        return int(TaskState.TASK_STATE_CANCELED)
     if receipt is None:
         return int(TaskState.TASK_STATE_SUBMITTED)
-    state = STATES[receipt.status]
-    if cancelled and state not in TERMINAL:
-        return int(TaskState.TASK_STATE_CANCELED)
-    return int(state)
+    return int(STATES[receipt.status])
 
 
 def task_of(

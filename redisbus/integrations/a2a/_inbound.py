@@ -17,8 +17,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from a2a.auth.user import User
 from a2a.server.context import ServerCallContext
-from a2a.server.request_handlers.request_handler import RequestHandler
+from a2a.server.request_handlers.request_handler import RequestHandler, validate_request_params
+from a2a.server.tasks import InMemoryTaskStore
 from a2a.types.a2a_pb2 import (
     AgentCard,
     CancelTaskRequest,
@@ -45,18 +47,51 @@ from a2a.utils.errors import (
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
+    UnsupportedOperationError,
 )
+from a2a.utils.input_mode_validator import validate_input_modes
+from a2a.utils.task import apply_history_length, validate_history_length, validate_page_size
 
 from ... import AsyncAgent, AsyncChannel, RedisbusError
 from ... import Message as BusMessage
 from ... import _otel as otel
-from ._convert import TERMINAL, agent_message, refusal, state_of, task_of, text_of
+from ._convert import (
+    INPUT_MODES,
+    TERMINAL,
+    agent_message,
+    refusal,
+    state_of,
+    task_of,
+    text_of,
+)
 
-__all__ = ["BusRequestHandler"]
+__all__ = ["BusRequestHandler", "Named"]
 
 log = logging.getLogger("redisbus.a2a")
 
 TASKS_CAP = 10_000  # tasks remembered per bridge process, oldest forgotten first
+# what a member takes in: text, and structured data (bridged as JSON text)
+_INPUTS = AgentCard(default_input_modes=INPUT_MODES)
+
+
+class Named(User):
+    """An authenticated caller: the member name its bearer token stands for."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+    @property
+    def user_name(self) -> str:
+        return self._name
+
+
+def _owner(context: ServerCallContext) -> str:
+    """Whose tasks these are: one caller's, on one member (the store keeps them apart)."""
+    return f"{context.user.user_name}\n{context.state.get('member', '')}"
 
 
 @dataclass
@@ -68,7 +103,16 @@ class _Task:
     request: Message
     cancelled: bool = False
     reply: BusMessage | None = None
+    shown: Task | None = None  # the task as last shown: a new state restamps it, nothing else
     created: float = field(default_factory=time.monotonic)
+
+    @property
+    def owner(self) -> ServerCallContext:
+        return ServerCallContext(user=Named(self.caller), state={"member": self.member})
+
+    @property
+    def settled(self) -> bool:
+        return self.shown is not None and self.shown.status.state in TERMINAL
 
 
 class _Caller:
@@ -97,6 +141,8 @@ class BusRequestHandler(RequestHandler):
         self.stream_wait_s = stream_wait_s
         self._callers: dict[str, _Caller] = {}
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
+        # the tasks as last shown, for ListTasks' filters, order and page tokens
+        self.store = InMemoryTaskStore(owner_resolver=_owner)
         self._join_lock = asyncio.Lock()
 
     # -- who and what -------------------------------------------------------------------
@@ -138,13 +184,26 @@ class BusRequestHandler(RequestHandler):
 
     # -- sending ------------------------------------------------------------------------
     async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> _Task:
+        validate_history_length(params.configuration)
         member = await self.member(context)
-        who = await self.caller(context)
         msg = params.message
+        validate_input_modes(msg, _INPUTS)
         body = text_of(msg.parts)
         reply_to = None
+        context_id = msg.context_id or str(uuid.uuid4())
         if msg.task_id:  # a follow-up in a task: a reply to that task's message, on the bus
-            reply_to = self._task(msg.task_id, context).id
+            before = self._task(msg.task_id, context)
+            if msg.context_id and msg.context_id != before.context_id:
+                raise InvalidParamsError(
+                    f"context {msg.context_id!r} is not the context of task {before.id!r}"
+                )
+            state = (await self.snapshot(before)).status.state
+            if state in TERMINAL:
+                raise UnsupportedOperationError(
+                    f"task {before.id} is {TaskState.Name(state)}: it takes no more messages"
+                )
+            reply_to, context_id = before.id, before.context_id
+        who = await self.caller(context)
         # optional bus fields a caller may set in the message's metadata
         subject = str(msg.metadata["subject"]) if "subject" in msg.metadata else ""
         ttl_s = msg.metadata["ttl_s"] if "ttl_s" in msg.metadata else None  # noqa: SIM401 - a protobuf Struct has no .get()
@@ -163,26 +222,36 @@ class BusRequestHandler(RequestHandler):
                     )
         except RedisbusError as e:
             raise refusal(e) from e
+        request = Message()
+        request.CopyFrom(msg)
         t = _Task(
             id=str(r.id),
-            context_id=msg.context_id or str(uuid.uuid4()),
+            context_id=context_id,
             caller=who.agent.name,
             member=member,
-            request=msg,
+            request=request,
         )
         t.request.task_id, t.request.context_id = t.id, t.context_id
         self._tasks[t.id] = t
         while len(self._tasks) > TASKS_CAP:
-            self._tasks.popitem(last=False)
+            _, old = self._tasks.popitem(last=False)
+            await self.store.delete(old.id, old.owner)
         return t
 
     async def snapshot(self, t: _Task) -> Task:
-        """The task as its receipt (and the member's reply) show it now."""
-        who = self._callers[t.caller]
-        async with who.lock:
-            receipts = await who.agent.receipt(t.id)
-        r = next((x for x in receipts if x.to == t.member), None)
+        """The task as its receipt (and the member's reply) show it now. A terminal task is
+        final, and an unchanged state shows the same task (timestamp, status message)."""
+        if t.shown is not None and t.settled:
+            return _copy(t.shown)
+        r = None
+        if not t.cancelled:
+            who = self._callers[t.caller]
+            async with who.lock:
+                receipts = await who.agent.receipt(t.id)
+            r = next((x for x in receipts if x.to == t.member), None)
         state = state_of(r, t.cancelled)
+        if t.shown is not None and t.shown.status.state == state:
+            return _copy(t.shown)
         status_msg: Message | None = None
         reply_text: str | None = None
         if state == TaskState.TASK_STATE_COMPLETED:
@@ -192,8 +261,8 @@ class BusRequestHandler(RequestHandler):
                 reply_text,
                 task_id=t.id,
                 context_id=t.context_id,
-                redisbus_id=reply.id if reply else None,
-                redisbus_from=t.member,
+                redisbusId=reply.id if reply else None,  # A2A's JSON names are camelCase
+                redisbusFrom=t.member,
             )
         elif state == TaskState.TASK_STATE_FAILED and r is not None:
             reason = f"{r.error.code}: {r.error}" if r.error else f"{r.status}: {r.result or ''}"
@@ -201,7 +270,9 @@ class BusRequestHandler(RequestHandler):
                 reason.strip(), task_id=t.id, context_id=t.context_id, reason=r.status
             )
         history = [t.request] + ([status_msg] if status_msg is not None else [])
-        return task_of(t.id, t.context_id, state, status_msg, history, reply_text)
+        t.shown = task_of(t.id, t.context_id, state, status_msg, history, reply_text)
+        await self.store.save(t.shown, t.owner)
+        return _copy(t.shown)
 
     async def _find_reply(self, t: _Task) -> BusMessage | None:
         who = self._callers[t.caller]
@@ -245,47 +316,66 @@ class BusRequestHandler(RequestHandler):
                 )
 
     # -- the A2A methods ----------------------------------------------------------------
+    @validate_request_params
     async def on_message_send(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> Task | Message:
         t = await self._send(params, context)
         wait_s = 0.0 if params.configuration.return_immediately else self.send_wait_s
-        return await self._settled(t, wait_s)
+        return apply_history_length(await self._settled(t, wait_s), params.configuration)
 
+    @validate_request_params
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
         t = await self._send(params, context)
         async for event in self._follow(t):
+            if isinstance(event, Task):
+                event = apply_history_length(event, params.configuration)
             yield event
 
+    @validate_request_params
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Any]:
         t = self._task(params.id, context)
+        state = (await self.snapshot(t)).status.state
+        if state in TERMINAL:  # nothing more will happen to it: GetTask shows it
+            raise UnsupportedOperationError(f"task {t.id} is {TaskState.Name(state)}")
         async for event in self._follow(t):
             yield event
 
+    @validate_request_params
     async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
-        return await self.snapshot(self._task(params.id, context))
+        validate_history_length(params)
+        return apply_history_length(await self.snapshot(self._task(params.id, context)), params)
 
+    @validate_request_params
     async def on_list_tasks(
         self, params: ListTasksRequest, context: ServerCallContext
     ) -> ListTasksResponse:
-        mine = [
-            t
-            for t in reversed(self._tasks.values())
-            if t.caller == context.user.user_name and t.member == context.state.get("member")
-        ]
-        size = params.page_size or 50
-        tasks = [await self.snapshot(t) for t in mine[:size]]
-        return ListTasksResponse(tasks=tasks, page_size=size, total_size=len(mine))
+        validate_history_length(params)
+        if params.HasField("page_size"):
+            validate_page_size(params.page_size)
+        owner = (context.user.user_name, context.state.get("member"))
+        # the live tasks first, so the status filter and the order see their states now
+        for t in list(self._tasks.values()):
+            if (t.caller, t.member) == owner and not t.settled:
+                await self.snapshot(t)
+        page = await self.store.list(params, context)
+        for task in page.tasks:
+            if not params.include_artifacts:
+                task.ClearField("artifacts")
+            task.CopyFrom(apply_history_length(task, params))
+        return page
 
+    @validate_request_params
     async def on_cancel_task(
         self, params: CancelTaskRequest, context: ServerCallContext
     ) -> Task | None:
         """A bus message cannot be unsent: the member is told with a follow-up (``reply_to``
-        the task, subject ``cancel``) and the task shows cancelled from then on."""
+        the task, subject ``cancel``) and the task is canceled, a terminal state: whatever
+        the member does with the request afterwards, the task stays canceled."""
         t = self._task(params.id, context)
         task = await self.snapshot(t)
         if task.status.state in TERMINAL:
@@ -331,3 +421,9 @@ class BusRequestHandler(RequestHandler):
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
         raise ExtendedAgentCardNotConfiguredError
+
+
+def _copy(task: Task) -> Task:
+    out = Task()
+    out.CopyFrom(task)
+    return out

@@ -1,14 +1,17 @@
 """The bridge as one ASGI app: cards and JSON-RPC per member, bearer tokens, external agents.
 
 GET  /agents                                        the members, with their card URLs
-GET  /agents/{member}/.well-known/agent-card.json   the member's A2A card (public)
+GET  /agents/{member}/.well-known/agent-card.json   the member's A2A card (public; also at
+                                                    the 0.3 path .well-known/agent.json)
 POST /agents/{member}/                              A2A JSON-RPC (1.0; 0.3 method names too)
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,10 +20,11 @@ from urllib.parse import quote
 
 from a2a.auth.user import UnauthenticatedUser, User
 from a2a.server.context import ServerCallContext
-from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.request_handlers.response_helpers import build_error_response
 from a2a.server.routes.common import DefaultServerCallContextBuilder
 from a2a.server.routes.jsonrpc_dispatcher import JsonRpcDispatcher
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, VERSION_HEADER
+from a2a.utils.errors import ContentTypeNotSupportedError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -28,8 +32,8 @@ from starlette.routing import Route
 
 from ... import AsyncBus, BusSettings
 from ..._validate import agent_name, channel_name
-from ._convert import card_for
-from ._inbound import BusRequestHandler
+from ._convert import card_for, card_json
+from ._inbound import BusRequestHandler, Named
 from ._outbound import External, Forwarder
 
 __all__ = ["BridgeConfig", "build_app"]
@@ -57,17 +61,8 @@ class BridgeConfig:
         self.public_url = self.public_url.rstrip("/")
 
 
-class _Caller(User):
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    @property
-    def is_authenticated(self) -> bool:
-        return True
-
-    @property
-    def user_name(self) -> str:
-        return self._name
+CARD_MAX_AGE_S = 60  # a member's card changes only when it joins again
+LEGACY_CARD_PATH = "/.well-known/agent.json"  # where A2A 0.3 clients look
 
 
 def _bearer(request: Request, tokens: Mapping[str, str]) -> str | None:
@@ -95,7 +90,7 @@ class _Context(DefaultServerCallContextBuilder):
 
     def build_user(self, request: Request) -> User:
         name = _bearer(request, self.tokens)
-        return _Caller(name) if name is not None else UnauthenticatedUser()
+        return Named(name) if name is not None else UnauthenticatedUser()
 
 
 def build_app(config: BridgeConfig, bus: AsyncBus | None = None) -> Starlette:
@@ -112,7 +107,18 @@ def build_app(config: BridgeConfig, bus: AsyncBus | None = None) -> Starlette:
         members = await ch.members()
         if name not in members:
             return JSONResponse({"error": f"no member {name!r} on {ch.name!r}"}, status_code=404)
-        return JSONResponse(agent_card_to_dict(card_for(members[name], ch.name, card_url(name))))
+        # a 0.3 client asks at the 0.3 path, or says so in A2A-Version
+        v0_3 = request.url.path.endswith(LEGACY_CARD_PATH) or request.headers.get(
+            VERSION_HEADER, ""
+        ).startswith("0.")
+        body = json.dumps(card_json(card_for(members[name], ch.name, card_url(name)), v0_3=v0_3))
+        headers = {
+            "Cache-Control": f"public, max-age={CARD_MAX_AGE_S}",
+            "ETag": '"' + hashlib.sha256(body.encode()).hexdigest()[:32] + '"',
+        }
+        if request.headers.get("if-none-match") == headers["ETag"]:
+            return Response(status_code=304, headers=headers)
+        return Response(body, media_type="application/json", headers=headers)
 
     async def directory(request: Request) -> Response:
         members = await state["channel"].members()
@@ -139,6 +145,17 @@ def build_app(config: BridgeConfig, bus: AsyncBus | None = None) -> Starlette:
                 },
                 status_code=401,
                 headers={"WWW-Authenticate": 'Bearer realm="redisbus"'},
+            )
+        content_type = request.headers.get("content-type", "").partition(";")[0].strip()
+        if content_type.lower() != "application/json":  # JSON-RPC over HTTP is JSON only
+            return JSONResponse(
+                build_error_response(
+                    None,
+                    ContentTypeNotSupportedError(
+                        f"JSON-RPC requests are application/json, not {content_type!r}"
+                    ),
+                ),
+                status_code=415,
             )
         response: Response = await state["dispatcher"].handle_requests(request)
         return response
@@ -169,6 +186,7 @@ def build_app(config: BridgeConfig, bus: AsyncBus | None = None) -> Starlette:
         routes=[
             Route("/agents", directory, methods=["GET"]),
             Route("/agents/{member}" + well_known, card, methods=["GET"]),
+            Route("/agents/{member}" + LEGACY_CARD_PATH, card, methods=["GET"]),
             Route("/agents/{member}", rpc, methods=["POST"]),
             Route("/agents/{member}/", rpc, methods=["POST"]),
         ],
