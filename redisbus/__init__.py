@@ -37,8 +37,9 @@ from ._errors import (
     ServerFull,
     TooLarge,
     UnknownAgent,
+    UnknownChannel,
 )
-from ._model import Member, Message, Receipt, Roster, WaitResult
+from ._model import ChildrenResult, Member, Message, Receipt, Roster, WaitResult
 from ._settings import BusSettings
 from .aio import AsyncAgent, AsyncBus, AsyncChannel
 from .bus import Agent, Bus, Channel
@@ -59,6 +60,7 @@ __all__ = [
     "Channel",
     "ChannelMismatch",
     "ChannelPaused",
+    "ChildrenResult",
     "CircuitOpen",
     "ClockSkew",
     "DeadLettered",
@@ -79,6 +81,7 @@ __all__ = [
     "ServerFull",
     "TooLarge",
     "UnknownAgent",
+    "UnknownChannel",
     "WaitResult",
 ]
 

@@ -1,7 +1,9 @@
-"""The value types every call returns: Message, Receipt, WaitResult, Roster, Member."""
+"""The value types every call returns: Message, Receipt, WaitResult (ChildrenResult), Roster,
+Member."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar, cast
@@ -189,6 +191,27 @@ class WaitResult:
 
     def __bool__(self) -> bool:
         return self.kind != "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class ChildrenResult(WaitResult):
+    """What ``wait_children()`` returns: ``kind`` is ``"outcome"`` once every direct child has
+    ended, ``"timeout"`` when some had not by the timeout (``unfinished`` names them),
+    ``"cancelled"`` when the waiting agent was; ``messages`` are the outcome messages received.
+
+    It was a plain list in 0.1.0: iterating, ``len()`` and indexing still go to
+    ``messages``, but truth is a WaitResult's (false on a timeout), not the list's."""
+
+    unfinished: tuple[str, ...] = ()
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, i: int) -> Message:
+        return self.messages[i]
 
 
 @dataclass(frozen=True, slots=True)

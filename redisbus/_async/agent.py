@@ -18,7 +18,7 @@ from .. import _validate as check
 from .._agent import ENDED, AgentState, give_back_consumer, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
 from .._filters import later_id
-from .._model import Member, Message, Receipt, Roster, WaitResult, id_ms
+from .._model import ChildrenResult, Member, Message, Receipt, Roster, WaitResult, id_ms
 from .._tasks_async import sleep
 
 __all__ = ["AsyncAgent"]
@@ -611,10 +611,13 @@ class AsyncAgent(AgentState):
         members = await self.channel.members()
         return {m.name: m.status for m in members.values() if m.parent == self.name}
 
-    async def wait_children(self, timeout: float | None = None) -> builtins.list[Message]:
-        """Wait until every direct child has an outcome (completed, failed, cancelled, lost), or
-        the timeout; return the outcome messages received. Other messages that arrive meanwhile
-        are kept for the next ``wait()``."""
+    async def wait_children(self, timeout: float | None = None) -> ChildrenResult:
+        """Wait until every direct child has ended (completed, failed, cancelled, lost), or
+        the timeout; returns as soon as the last one ends. The result is a WaitResult: kind
+        ``"outcome"`` (all ended), ``"timeout"`` (``.unfinished`` names the children still
+        open) or ``"cancelled"``, with the outcome messages received in ``.messages``
+        (iterating it still yields them, as when it returned a list). Other messages that
+        arrive meanwhile are kept for the next ``wait()``."""
         t = (
             self._bus.settings.wait_timeout_s
             if timeout is None
@@ -630,10 +633,12 @@ class AsyncAgent(AgentState):
                 # collect outcomes already in the stream without blocking
                 res = await self.wait(0)
                 self._sort(res.messages, outcomes)
-                return outcomes
+                if open_children:
+                    return ChildrenResult("timeout", outcomes, tuple(sorted(open_children)))
+                return ChildrenResult("outcome", outcomes)
             res = await self.wait(min(remaining, 1.0))
             if res.kind == "cancelled":
-                return outcomes
+                return ChildrenResult("cancelled", outcomes, tuple(sorted(open_children)))
             self._sort(res.messages, outcomes)
 
     async def discover(self, query: str = "", limit: int = 20) -> builtins.list[Member]:

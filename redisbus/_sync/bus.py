@@ -17,7 +17,14 @@ from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
 from .._agent import HANDLING, give_back_consumers
-from .._errors import BusConnectionError, ClockSkew, NotPermitted, RedisbusError
+from .._errors import (
+    BusConnectionError,
+    ClockSkew,
+    InvalidInput,
+    NotPermitted,
+    RedisbusError,
+    UnknownChannel,
+)
 from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
 from .._outage import Outage
@@ -111,18 +118,39 @@ class Bus:
 
     # -- channels ---------------------------------------------------------------------------
     def channel(
-        self, name: str, routing: str | None = None, siblings: bool | None = None, **limits: Any
+        self,
+        name: str,
+        routing: str | None = None,
+        siblings: bool | None = None,
+        *,
+        create: bool = True,
+        **limits: Any,
     ) -> Channel:
+        """Create the channel with these settings, or attach to it as stored (an explicit
+        setting that differs from the stored one raises ChannelMismatch). ``create=False``
+        only attaches: a missing channel raises UnknownChannel instead of being created with
+        whatever this caller passed (``attach(name)`` says the same)."""
+        if not isinstance(create, bool):
+            raise InvalidInput("create must be True or False")
         cname = check.channel_name(name)
         argv = core.plan_channel(self.settings, routing, siblings, limits)
         if not self._checked_eviction:
             self._checked_eviction = True
             self._warn_if_evicting()
         keys = ChannelKeys.build(self.settings.prefix, cname)
-        created, cfg = core.parse_channel(cname, self._io.script("channel", [keys.meta], argv))
+        mode = "create" if create else "attach"
+        reply = self._io.script("channel", [keys.meta], [mode, *argv])
+        if int(reply[0]) == -1:
+            raise UnknownChannel(f"no such channel: {cname!r} (create it with bus.channel())")
+        created, cfg = core.parse_channel(cname, reply)
         if created:
             self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)
         return Channel(self, keys, cfg)
+
+    def attach(self, name: str) -> Channel:
+        """The channel ``name`` as stored; UnknownChannel when nobody has created it. What a
+        worker calls when another host creates the channel (with its routing and limits)."""
+        return self.channel(name, create=False)
 
     def _warn_if_evicting(self) -> None:
         """Streams must never be evicted: say so loudly unless maxmemory-policy is noeviction."""

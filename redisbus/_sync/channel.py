@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from .. import _core as core
 from .. import _validate as check
 from .._agent import give_back_consumer, take_consumer
-from .._errors import InvalidInput, NotPermitted
+from .._errors import InvalidInput, NotPermitted, UnknownChannel
 from .._filters import check_entry_id
-from .._keys import ChannelKeys
+from .._keys import ChannelKeys, registry_key
 from .._model import DeadLetter, Member
 from .._tasks_sync import Semaphore
 from .agent import Agent
@@ -93,6 +94,44 @@ class Channel:
         handle.slots = slots
         self.bus._heart.add(handle)
         return handle
+
+    def remove(self, agent: str, *, force: bool = False) -> None:
+        """Take ``agent`` off the channel and free its name: a later ``join`` of that name
+        makes a new member (this is how a cancelled or failed name comes back: statuses never
+        go back to running). Refused (NotPermitted) while it holds work: undone messages,
+        pending entries, open children or a replica still beating; ``force=True`` drops that
+        work (its children keep its name as their parent). UnknownAgent when not a member."""
+        name = check.name(agent, "agent")
+        if not isinstance(force, bool):
+            raise InvalidInput("force must be True or False")
+        k = self.keys
+        reply = self.bus._io.script(
+            "remove",
+            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [name, "1" if force else "0"],
+        )
+        core.raise_if_refused(reply)
+
+    def delete(self, *, force: bool = False) -> None:
+        """Delete the channel: its stream, members, limits, dead letters, every key it has.
+        Refused (NotPermitted) while it is in use: an undone message, or an open agent with a
+        replica still beating; ``force=True`` deletes it anyway. UnknownChannel when it is
+        already gone. Handles on it stop working; ``bus.channel(name)`` creates it anew."""
+        if not isinstance(force, bool):
+            raise InvalidInput("force must be True or False")
+        k = self.keys
+        first = [k.meta, k.status, k.inbox, k.beat]
+        rest = [
+            getattr(k, f.name)
+            for f in dataclasses.fields(k)
+            if f.name != "channel" and getattr(k, f.name) not in first
+        ]
+        reply = self.bus._io.script("delete", [*first, *rest], ["1" if force else "0"])
+        if int(reply[0]) == 0 and reply[1] == "unknown_channel":
+            raise UnknownChannel(f"no such channel: {self.name!r}")
+        core.raise_if_refused(reply)
+        # the registry is outside the channel's slot: never in the script
+        self.bus._io.call(self.bus._io.r.srem, registry_key(self.bus.settings.prefix), self.name)
 
     def members(self) -> dict[str, Member]:
         r = self.bus._io.r

@@ -1,14 +1,16 @@
 -- channel.lua: create a channel with its limits, or attach to it as stored.
 --
 -- KEYS[1] meta
--- ARGV[1..] triples: field, value, explicit ("1" when the caller passed the value itself)
+-- ARGV[1] "create" (create it when missing) or "attach" (it must exist)
+-- ARGV[2..] triples: field, value, explicit ("1" when the caller passed the value itself)
 --
 -- returns {1, created (0|1), field, value, ...}   the stored configuration
 --      or {0, field, stored, wanted}              an explicit value differs from the stored one
+--      or {-1}                                    "attach" and there is no such channel
 
 local meta = KEYS[1]
 if redis.call('EXISTS', meta) == 1 then
-  for i = 1, #ARGV, 3 do
+  for i = 2, #ARGV, 3 do
     if ARGV[i + 2] == '1' then
       local stored = redis.call('HGET', meta, ARGV[i])
       local wanted = ARGV[i + 1]
@@ -22,8 +24,9 @@ if redis.call('EXISTS', meta) == 1 then
   for _, v in ipairs(redis.call('HGETALL', meta)) do out[#out + 1] = v end
   return out
 end
+if ARGV[1] == 'attach' then return {-1} end
 local fields = {'created_ms', tostring(now_ms()), 'paused', '0'}
-for i = 1, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   fields[#fields + 1] = ARGV[i]
   fields[#fields + 1] = ARGV[i + 1]
 end
