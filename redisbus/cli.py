@@ -16,7 +16,8 @@ an existing channel (else ``unknown_channel``, exit 1) and, with ``--as``, an ex
 agent has not read yet and marks them read (``--done``: done), so the next ``wait`` moves on.
 
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
-``_cli_ops`` (tail, agents, stats, pause, resume, dlq, redis, demo), ``_cli_doctor`` (doctor),
+``_cli_life`` (complete, fail, cancel, remove, delete), ``_cli_ops`` (tail, agents, stats, pause,
+resume, dlq, redis, demo), ``_cli_doctor`` (doctor),
 ``_cli_daemons`` (exporter, janitor), ``_cli_repair`` (repair, acl, keygen) and ``_cli_a2a``
 (a2a); ``mcp`` is a typer command like the others (``integrations.mcp._command``) that imports
 the MCP SDK only when it runs, as ``a2a`` imports the A2A SDK. Commands owned by other modules
@@ -42,6 +43,7 @@ from . import (  # noqa: F401 - they register commands
     _cli_a2a,
     _cli_daemons,
     _cli_doctor,
+    _cli_life,
     _cli_ops,
     _cli_repair,
     _cli_talk,
@@ -117,11 +119,16 @@ ORDER = (
     "done",
     "receipt",
     "discover",
+    "complete",
+    "fail",
+    "cancel",
+    "remove",
     "tail",
     "agents",
     "stats",
     "pause",
     "resume",
+    "delete",
     "redis",
     "doctor",
 )
