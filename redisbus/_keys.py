@@ -23,6 +23,8 @@
 {prefix}:{<channel>}:nonce:at  sorted set: the same pairs by when they were recorded (ms), so
                              settle.lua forgets them after the replay horizon
 {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
+{prefix}:stats               hash: fleet counters kept in Redis, e.g. "janitor_dead_lettered"
+                             (outside any channel's slot; never in Lua)
 """
 
 from __future__ import annotations
@@ -93,3 +95,7 @@ class ChannelKeys:
 
 def registry_key(prefix: str) -> str:
     return f"{prefix}:channels"
+
+
+def stats_key(prefix: str) -> str:
+    return f"{prefix}:stats"

@@ -229,6 +229,11 @@ class BusSettings(BaseSettings):
 
     # -- metrics ------------------------------------------------------------------------------
     metrics: bool = Field(default=True, description="record client metrics (prometheus-client)")
+    metrics_host: str | None = Field(
+        default=None,
+        description="the host label of client metrics (default: host); keep it to few values "
+        "(a node or pool name, not a pod's); empty drops the label",
+    )
 
     @field_validator("signing_keys")
     @classmethod

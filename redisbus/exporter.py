@@ -36,21 +36,34 @@ label except the top-N series):
                                                  ``entries-added``; Redis 7+, absent on 6.2)
 ``redisbus_stream_entries_removed{stream}``      added minus held: trimmed by a janitor or
                                                  deleted (a replayed dead letter)
+``redisbus_exporter_channels_skipped``           channels registered but not read this pass
+                                                 (past ``exporter_max_channels``): every other
+                                                 figure leaves them out
+``redisbus_janitor_dead_lettered_total``         counter: messages dead-lettered by janitors,
+                                                 this exporter's and ``redisbus janitor``
+                                                 processes' alike (kept in Redis, see
+                                                 :mod:`redisbus.janitor`)
+``redisbus_build_info{version}``                 1; the exporter's redisbus version (served
+                                                 during an outage too)
 ===============================================  ================================================
 
 Redis keeps ``entries-added`` with each stream, in its RDB and AOF, whichever janitor trims:
 a trim moves entries from held to removed and leaves added alone, so added falls only when
 entries vanish without a trim, e.g. a restart that did not reload them (alert
 ``RedisbusStoredEntriesLost``). The sums cover the channels the exporter reads (the first
-``exporter_max_channels`` by name).
+``exporter_max_channels`` by name); ``redisbus_exporter_channels_skipped`` says how many it left
+out, and ``RedisbusExporterChannelsSkipped`` fires while it is above 0.
 
 On a Redis Cluster the memory gauges are those of the primary closest to its limit.
 
-When the last read of Redis failed, only ``redisbus_exporter_redis_up`` (0) and the collect
-duration are served: no data is better than old data presented as current, and the
-``RedisbusRedisDown`` alert fires on the 0 (Prometheus' own ``up`` stays 1: the exporter
-answers). See :mod:`redisbus.fleet` for the exact definitions and the bounds on the work done
-per read.
+When the last read of Redis failed, only ``redisbus_exporter_redis_up`` (0), the collect
+duration and the build info are served: no data is better than old data presented as current,
+and the ``RedisbusRedisDown`` alert fires on the 0 (Prometheus' own ``up`` stays 1: the
+exporter answers). The alerts on the fleet gauges hold their state meanwhile: each falls back
+to the last value Prometheus holds while the exporter cannot read Redis (``last_over_time``
+``unless`` ``redisbus_exporter_redis_up == 1``; see deploy/prometheus/alerts.yml), so a stuck
+message's alert does not resolve because Redis went away. See :mod:`redisbus.fleet` for the
+exact definitions and the bounds on the work done per read.
 
 The watchdog (:mod:`redisbus.watchdog`) compares each snapshot with the previous one: when an
 agent of a channel gets unread messages older than ``watchdog_stale_s`` it logs one warning
@@ -81,18 +94,18 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import Field
 from redis.exceptions import RedisError
 
 from ._errors import InvalidInput, RedisbusError
-from ._keys import ChannelKeys
+from ._keys import ChannelKeys, stats_key
 from ._settings import BusSettings
 from .bus import Bus
 from .fleet import FleetSnapshot, read_fleet
-from .janitor import sweep_all
-from .metrics import FLEET_GAUGES
+from .janitor import DEAD_LETTERED_FIELD, sweep_all
+from .metrics import FLEET_COUNTERS, FLEET_GAUGES, build_version
 from .watchdog import Watchdog
 
 __all__ = [
@@ -178,6 +191,11 @@ class StreamTotals:
         return {k: self.added[k] - self.held[k] for k in STREAM_KINDS}
 
 
+def read_janitor_dead_lettered(r: Any, prefix: str) -> int:
+    """What janitors have dead-lettered, as they counted it in Redis (0 before the first)."""
+    return int(r.hget(stats_key(prefix), DEAD_LETTERED_FIELD) or 0)
+
+
 def read_streams(r: Any, prefix: str, channels: Iterable[str]) -> StreamTotals:
     """``XINFO STREAM`` (O(1), allowed to the read-only user) of each channel's stream and
     dead-letter stream, in one pipeline; a stream not created yet counts 0."""
@@ -227,11 +245,17 @@ _HELP = {
     "(XINFO STREAM entries-added, kept by Redis); falls only when entries vanish untrimmed.",
     "redisbus_stream_entries_removed": "Entries trimmed or deleted from the channel or "
     "dead-letter streams (added minus held).",
+    "redisbus_exporter_channels_skipped": "Channels registered but not read (past the "
+    "exporter's max channels): every other fleet figure leaves them out.",
+    "redisbus_build_info": "Always 1; the version label says which redisbus the exporter runs.",
+    "redisbus_janitor_dead_lettered_total": "Messages dead-lettered by janitors (in the "
+    "exporter or `redisbus janitor`), as counted in Redis.",
 }
 
 
 class FleetCollector(Collector):
-    """Serves the exporter's last snapshot as the ``FLEET_GAUGES`` families."""
+    """Serves the exporter's last snapshot as the ``FLEET_GAUGES`` and ``FLEET_COUNTERS``
+    families."""
 
     def __init__(self, exporter: Exporter) -> None:
         self._exporter = exporter
@@ -240,18 +264,31 @@ class FleetCollector(Collector):
         with self._exporter._lock:  # the snapshot and the memory of the same read
             snap, memory = self._exporter._snap, self._exporter._memory
             streams = self._exporter._streams
+            janitor_dead_lettered = self._exporter._janitor_dead_lettered
             duration_s = self._exporter._duration_s
         if snap is not None and memory is not None and streams is not None:
             yield from fleet_families(snap, self._exporter.settings.exporter_top_n)
             yield from memory_families(memory)
             yield from stream_families(streams)
+            yield _gauge(
+                "redisbus_exporter_channels_skipped", snap.channels_total - len(snap.channels)
+            )
+            name = "redisbus_janitor_dead_lettered_total"
+            yield CounterMetricFamily(name, _HELP[name], value=janitor_dead_lettered)
         yield _gauge("redisbus_exporter_redis_up", 1 if snap is not None else 0)
         yield _gauge("redisbus_exporter_collect_duration_seconds", duration_s)
+        build = GaugeMetricFamily(
+            "redisbus_build_info", _HELP["redisbus_build_info"], labels=["version"]
+        )
+        build.add_metric([build_version()], 1)
+        yield build
 
     def describe(self) -> Iterable[Metric]:
         # Without describe() the registry would run collect() on registration.
         for name, labels in FLEET_GAUGES.items():
             yield GaugeMetricFamily(name, _HELP[name], labels=list(labels))
+        for name, labels in FLEET_COUNTERS.items():
+            yield CounterMetricFamily(name, _HELP[name], labels=list(labels))
 
 
 def _gauge(name: str, value: float) -> GaugeMetricFamily:
@@ -335,6 +372,7 @@ class Exporter:
         self._snap: FleetSnapshot | None = None
         self._memory: RedisMemory | None = None
         self._streams: StreamTotals | None = None
+        self._janitor_dead_lettered = 0
         self._duration_s = 0.0
         self._error: str | None = "not read yet"
         self._capped_at: int | None = None
@@ -353,6 +391,7 @@ class Exporter:
         snap: FleetSnapshot | None = None
         memory: RedisMemory | None = None
         streams: StreamTotals | None = None
+        janitor_dead_lettered = 0
         error: str | None = None
         try:
             snap = read_fleet(
@@ -363,6 +402,7 @@ class Exporter:
             )
             memory = read_memory(self.bus.redis)
             streams = read_streams(self.bus.redis, s.prefix, (c.name for c in snap.channels))
+            janitor_dead_lettered = read_janitor_dead_lettered(self.bus.redis, s.prefix)
         except (RedisError, RedisbusError, OSError) as e:
             error = f"{type(e).__name__}: {e}"
         except Exception as e:  # a reply we did not expect must not stop the read loop
@@ -378,6 +418,7 @@ class Exporter:
                 log.info("exporter: reading Redis again")
             self._snap, self._memory, self._duration_s, self._error = snap, memory, duration, error
             self._streams = streams
+            self._janitor_dead_lettered = janitor_dead_lettered
         if snap is not None and memory is not None:
             self._note_cap(snap)
             self._note_policy(memory)

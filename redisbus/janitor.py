@@ -6,6 +6,13 @@ on several hosts can run at once). It runs inside ``redisbus exporter`` or on it
 expired leases themselves (they must handle the messages); the janitor only dead-letters
 messages past ``max_deliveries`` whose agent has no live replica to do it, trims, and removes
 idle consumers that have nothing pending.
+
+Each pass adds what it dead-lettered to a counter kept in Redis (field
+``janitor_dead_lettered`` of ``{prefix}:stats``), which ``redisbus exporter`` serves as
+``redisbus_janitor_dead_lettered_total``: a janitor running as its own process (``redisbus
+janitor``, a CronJob) has no ``/metrics`` to be scraped, and several janitors on several hosts
+add up in one place. The count is written after the sweep, not with it: a janitor killed in
+between leaves those dead letters uncounted (they are still in the dead-letter streams).
 """
 
 from __future__ import annotations
@@ -15,11 +22,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from redis.exceptions import RedisError
+
 from ._core import SweepReport
 from ._errors import RedisbusError
+from ._keys import stats_key
 from .bus import Bus
 
 log = logging.getLogger("redisbus.janitor")
+
+#: Field of ``{prefix}:stats`` counting the messages janitors have dead-lettered.
+DEAD_LETTERED_FIELD = "janitor_dead_lettered"
 
 
 @dataclass
@@ -80,7 +93,17 @@ def sweep_all(
                 log.info("janitor: channel %s is swept again", name)
     if report.dead_lettered:
         bus.metrics.dead_lettered(report.dead_lettered)
+        count_dead_lettered(bus, report.dead_lettered)
     return report
+
+
+def count_dead_lettered(bus: Bus, n: int) -> None:
+    """Add ``n`` to the fleet's janitor dead-letter counter in Redis. A failure is logged, not
+    raised: the dead letters are made and stay listed; only the count misses them."""
+    try:
+        bus.redis.hincrby(stats_key(bus.settings.prefix), DEAD_LETTERED_FIELD, n)
+    except (RedisError, OSError) as e:
+        log.warning("janitor: %d dead letters made but not counted: %s", n, e)
 
 
 def run(

@@ -24,10 +24,20 @@ Series (every label bounded; no message id, agent or channel name is ever a labe
 ``redisbus_build_info{version}``                      always 1
 ====================================================  =============================================
 
-``host`` is this agent host's name: the bus passes ``BusSettings.host`` (``REDISBUS_HOST``,
-the machine's hostname by default). On hosts whose names churn (pods), set it to a stable
-short name such as ``host-a`` so the label set stays small.
-An empty ``host`` is allowed; Prometheus then stores the series without the label.
+``host`` names the agent host: :meth:`BusMetrics.from_settings` takes
+``BusSettings.metrics_host`` (``REDISBUS_METRICS_HOST``), else ``BusSettings.host``
+(``REDISBUS_HOST``, the machine's hostname by default). Every value of ``host`` is a set of
+about 60 series, and Prometheus keeps each set for hours after its last sample, so the label
+must have few values: with one pod per agent and the pod's hostname as ``host``, series grow
+with agents and with every restart (10,000 agents: about 600,000 series). Set
+``REDISBUS_METRICS_HOST`` to something that does not churn -- the node, the Deployment, a
+pool name such as ``host-a`` -- or to the empty string, which drops the label (Prometheus'
+``instance`` still tells scrape targets apart; see docs/deployment.md for the scrape side).
+``REDISBUS_HOST`` keeps naming replicas (``HOST/PID``) either way.
+
+prometheus_client's ``_created`` series (one per counter and histogram child: the time it was
+created, which no panel or alert reads) are turned off, process-wide, when the first
+``BusMetrics`` is created; ``prometheus_client.enable_created_metrics()`` brings them back.
 Message types and refusal reasons outside the known sets are counted as ``other``, so a
 caller cannot grow the label set without bound.
 
@@ -61,14 +71,23 @@ from importlib import metadata
 from typing import Final, Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client import start_http_server as _start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from . import _signing
+from ._settings import BusSettings
 
 __all__ = [
     "AGENT_STATUSES",
+    "FLEET_COUNTERS",
     "FLEET_GAUGES",
     "LATENCY_BUCKETS_S",
     "MESSAGE_TYPES",
@@ -172,17 +191,20 @@ FLEET_GAUGES: Final[dict[str, tuple[str, ...]]] = {
     "redisbus_stream_entries": ("stream",),  # held now (XLEN)
     "redisbus_stream_entries_added": ("stream",),  # ever added (Redis 7+), kept by Redis
     "redisbus_stream_entries_removed": ("stream",),  # trimmed or deleted: added - held
+    # channels registered but not read (past exporter_max_channels): what the totals miss
+    "redisbus_exporter_channels_skipped": (),
+    "redisbus_build_info": ("version",),  # the exporter's own version, as agent hosts say theirs
 }
 
-#: Fleet gauges the dashboard does not draw: the stream entry counts behind the
-#: ``RedisbusStoredEntriesLost`` alert, whose meaning is a fall no trim explains.
-NOT_ON_DASHBOARD: Final[frozenset[str]] = frozenset(
-    {
-        "redisbus_stream_entries",
-        "redisbus_stream_entries_added",
-        "redisbus_stream_entries_removed",
-    }
-)
+#: The counters ``redisbus exporter`` publishes (sample names), name -> label names: counts
+#: kept in Redis, so every process that adds to them is counted, scraped or not.
+FLEET_COUNTERS: Final[dict[str, tuple[str, ...]]] = {
+    # messages dead-lettered by janitors (the exporter's own and `redisbus janitor` processes)
+    "redisbus_janitor_dead_lettered_total": (),
+}
+
+#: Fleet gauges the dashboard does not draw (none today; a test keeps the dashboard to it).
+NOT_ON_DASHBOARD: Final[frozenset[str]] = frozenset()
 
 _OTHER: Final = "other"
 _MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
@@ -223,7 +245,8 @@ _families: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.Wea
 _families_lock = threading.Lock()
 
 
-def _version() -> str:
+def build_version() -> str:
+    """The installed redisbus version (the ``version`` label of ``redisbus_build_info``)."""
     try:
         return metadata.version("redisbus")
     except metadata.PackageNotFoundError:
@@ -231,6 +254,9 @@ def _version() -> str:
 
 
 def _create_families(registry: CollectorRegistry) -> _Families:
+    # A _created series per child would be 38 of an agent host's ~100 series (see the module
+    # docstring); prometheus_client can only turn them off for the whole process.
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # shipped without annotations
     host = ("host",)
     families = _Families(
         sent=Counter(
@@ -301,7 +327,7 @@ def _create_families(registry: CollectorRegistry) -> _Families:
             multiprocess_mode="max",
         ),
     )
-    families.build_info.labels(_version()).set(1)
+    families.build_info.labels(build_version()).set(1)
     return families
 
 
@@ -340,6 +366,15 @@ class BusMetrics:
         }
         # no series until a measurement: an absent skew is "not measured", not "0 s"
         self._clock_skew_family = f.clock_skew
+
+    @classmethod
+    def from_settings(
+        cls, settings: BusSettings, registry: CollectorRegistry | None = None
+    ) -> BusMetrics:
+        """The metrics a bus built from ``settings`` records: ``host`` is ``metrics_host``
+        when set (``""`` drops the label), else ``host``."""
+        host = settings.host if settings.metrics_host is None else settings.metrics_host
+        return cls(registry, host=host)
 
     def sent(self, type_: str, n: int = 1) -> None:
         """``n`` messages of type ``type_`` were appended to a stream (a broadcast counts

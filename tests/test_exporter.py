@@ -32,7 +32,7 @@ from redisbus._cli_run import run_command
 from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings
 from redisbus.janitor import sweep_all
-from redisbus.metrics import AGENT_STATUSES, FLEET_GAUGES
+from redisbus.metrics import AGENT_STATUSES, FLEET_COUNTERS, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
 from tests.deploy_support import DEPLOY, K8S, run_redis, yaml_docs
 from tests.prometheus_fixture import free_port
@@ -194,8 +194,8 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     assert statuses["completed"] == 1
     for status in AGENT_STATUSES:
         assert gauge(samples, "redisbus_agents", status=status) == statuses[status], status
-    # every fleet gauge is there, and nothing else but the scrape duration's value
-    assert {name for name, _ in samples} == set(FLEET_GAUGES)
+    # every fleet gauge and counter is there, and nothing else (no _created duplicate)
+    assert {name for name, _ in samples} == set(FLEET_GAUGES) | set(FLEET_COUNTERS)
     assert 0 < gauge(samples, "redisbus_exporter_collect_duration_seconds") < 5
 
 
@@ -321,6 +321,7 @@ def test_channels_beyond_the_cap_are_left_out_and_logged(
     # then it reads the first two by name, says so, and still counts every channel
     assert gauge(samples, "redisbus_channels") == 3
     assert gauge(samples, "redisbus_unread_messages") == 2
+    assert gauge(samples, "redisbus_exporter_channels_skipped") == 1
     assert any("reading the first 2" in r.getMessage() for r in caplog.records)
 
 
@@ -394,11 +395,12 @@ def test_redis_up_and_readyz_follow_redis_while_healthz_stays_up(
         # when that Redis stops
         server.stop()
         assert e.refresh() is None
-        # then Redis is reported down, and no stale numbers are served
+        # then Redis is reported down, and no stale numbers are served (the version stays)
         samples = scrape(e.port)
         assert {name for name, _ in samples} == {
             "redisbus_exporter_redis_up",
             "redisbus_exporter_collect_duration_seconds",
+            "redisbus_build_info",
         }
         assert gauge(samples, "redisbus_exporter_redis_up") == 0
         # and the exporter is not ready, but alive: a restart would not bring Redis back
