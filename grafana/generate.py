@@ -335,6 +335,11 @@ def panels() -> list[Panel]:
             [
                 target(f"sum({rate('redisbus_redeliveries_total')})", "redelivered"),
                 target(f"sum({rate('redisbus_dead_lettered_total')})", "dead-lettered"),
+                # counted in Redis and served by every exporter of it: max, not sum
+                target(
+                    f"max({rate('redisbus_janitor_dead_lettered_total')})",
+                    "dead-lettered by janitors",
+                ),
             ],
             "cps",
         ),
@@ -343,6 +348,25 @@ def panels() -> list[Panel]:
             "Messages currently held in dead-letter streams. RedisbusDeadLettersGrowing fires "
             f"when this rises; replaying them brings it down. {fleet_note}",
             [target(f"max({sel('redisbus_dead_letters')})", "dead letters")],
+        ),
+        timeseries(
+            "Stream entries held, added and removed",
+            "Entries of the channel streams and of the dead-letter streams: held now (XLEN), "
+            "ever added (kept by Redis with each stream) and removed (trimmed by a janitor, or "
+            "a replayed dead letter deleted). Added only grows: a fall is entries lost without "
+            f"a trim, and RedisbusStoredEntriesLost fires. {fleet_note}",
+            [
+                target(f"max by (stream) ({sel('redisbus_stream_entries')})", "{{stream}} held"),
+                target(
+                    f"max by (stream) ({sel('redisbus_stream_entries_added')})",
+                    "{{stream}} added",
+                ),
+                target(
+                    f"max by (stream) ({sel('redisbus_stream_entries_removed')})",
+                    "{{stream}} removed",
+                ),
+            ],
+            width=24,
         ),
         row("Agents and channels"),
         timeseries(
@@ -354,8 +378,17 @@ def panels() -> list[Panel]:
         ),
         timeseries(
             "Channels",
-            f"Channels on the bus. {fleet_note}",
-            [target(f"max({sel('redisbus_channels')})", "channels")],
+            "Channels on the bus, and how many of them the exporter left out (past "
+            "REDISBUS_EXPORTER_MAX_CHANNELS, read first by name): every other fleet figure "
+            "misses those, and RedisbusExporterChannelsSkipped fires while any is left out. "
+            f"{fleet_note}",
+            [
+                target(f"max({sel('redisbus_channels')})", "channels"),
+                target(
+                    f"max({sel('redisbus_exporter_channels_skipped')})",
+                    "left out by the exporter's cap",
+                ),
+            ],
         ),
         timeseries(
             "Scrape health",
@@ -404,8 +437,8 @@ def panels() -> list[Panel]:
         ),
         timeseries(
             "Versions running",
-            "Processes reporting each redisbus version (redisbus_build_info). Two versions at "
-            "once is normal during a rollout only.",
+            "Processes reporting each redisbus version (redisbus_build_info): agent hosts and "
+            "exporters. Two versions at once is normal during a rollout only.",
             [target(f"count by (version) ({sel('redisbus_build_info')})", "{{version}}")],
             width=24,
         ),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from redisbus.metrics import FLEET_GAUGES, BusMetrics
+from redisbus.metrics import FLEET_COUNTERS, FLEET_GAUGES, BusMetrics
 from tests.prometheus_fixture import ROOT, free_port, require_module, require_tool
 
 DEPLOY = ROOT / "deploy"
@@ -25,7 +25,7 @@ K8S = DEPLOY / "k8s"
 REDIS_DIR = DEPLOY / "redis"
 GRAFANA = ROOT / "grafana"
 LATENCY_BUCKET = "redisbus_delivery_latency_seconds_bucket"
-RANGE_FUNCS = ("rate", "irate", "increase", "delta", "deriv", "resets")
+RANGE_FUNCS = ("rate", "irate", "increase", "delta", "deriv", "resets", "last_over_time")
 PROMQL_WORDS = {
     "sum", "max", "min", "avg", "count", "topk", "bottomk", "by", "without", "on", "ignoring",
     "and", "or", "unless", "histogram_quantile", "clamp_min", "clamp_max", "absent", "le",
@@ -46,7 +46,7 @@ def client_metric_names() -> set[str]:
 
 
 def known_metric_names() -> set[str]:
-    return client_metric_names() | set(FLEET_GAUGES) | {"up"}
+    return client_metric_names() | set(FLEET_GAUGES) | set(FLEET_COUNTERS) | {"up"}
 
 
 def metric_names(expr: str) -> set[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from redisbus.metrics import FLEET_GAUGES, NOT_ON_DASHBOARD
+from redisbus.metrics import FLEET_COUNTERS, FLEET_GAUGES, NOT_ON_DASHBOARD
 from tests.deploy_support import (
     DEPLOY,
     GRAFANA,
@@ -101,6 +101,7 @@ ALERT_NAMES = {
     "RedisbusAgentHostDown",
     "RedisbusSentButNotReceived",
     "RedisbusStoredEntriesLost",
+    "RedisbusExporterChannelsSkipped",
 }
 RUNBOOK = ROOT / "docs" / "runbook.md"
 RUNBOOK_URL = "https://redisbus.readthedocs.io/en/latest/runbook/"
@@ -232,7 +233,8 @@ def test_dashboard_covers_every_metric_and_reads_no_unknown_one() -> None:
     assert used <= known, used - known
     bases = {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in used}
     wanted = {
-        re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in client_metric_names()
+        re.sub(r"_(total|bucket|count|sum|created)$", "", n)
+        for n in client_metric_names() | set(FLEET_COUNTERS)
     } | (set(FLEET_GAUGES) - NOT_ON_DASHBOARD)
     assert wanted <= bases, wanted - bases
 
@@ -688,14 +690,17 @@ def test_scripts_parse_and_ensure_prometheus_is_a_no_op_once_installed() -> None
 
 
 def test_client_and_fleet_metric_names_pass_promtool_lint() -> None:
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
     from redisbus.metrics import BusMetrics
 
     registry = CollectorRegistry()
     BusMetrics(registry, host="host-a").delivered(0.01)
     for name, labels in FLEET_GAUGES.items():
-        Gauge(name, f"fleet gauge {name}", labels, registry=registry)
+        if name != "redisbus_build_info":  # the agent hosts' own, registered above
+            Gauge(name, f"fleet gauge {name}", labels, registry=registry)
+    for name, labels in FLEET_COUNTERS.items():
+        Counter(name, f"fleet counter {name}", labels, registry=registry)
     result = subprocess.run(
         [require_tool("promtool"), "check", "metrics"],
         input=generate_latest(registry).decode(),
