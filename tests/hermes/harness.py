@@ -52,27 +52,33 @@ DEFAULT_CONFIG: dict[str, Any] = {
 TOOL_SEARCH_ENV = "REDISBUS_TEST_TOOL_SEARCH"  # on | off | unset: Hermes's default (auto)
 
 
-def _has_tool_search() -> bool:
-    """Whether the installed Hermes has tool search (0.20+), without importing Hermes."""
-    spec = importlib.util.find_spec("tools")  # Hermes's top-level package; not imported
-    paths = list(spec.submodule_search_locations or []) if spec is not None else []
-    return any((Path(p) / "tool_search.py").is_file() for p in paths)
+def _hermes_version() -> tuple[int, ...]:
+    """The installed Hermes's version (official package or a fork), without importing it."""
+    import importlib.metadata as md
+
+    for dist in md.packages_distributions().get("run_agent", []):
+        try:
+            return tuple(int(x) for x in md.version(dist).split(".")[:2])
+        except (md.PackageNotFoundError, ValueError):
+            continue
+    return (0, 0)
 
 
-HAS_TOOL_SEARCH = _has_tool_search()
+HERMES_VERSION = _hermes_version()
+# 0.20+ (the forks) defer plugin tools by default; 0.19's "auto" defers only past 10 % of
+# the context (never for one plugin tool); "on" defers them on both
+DEFERS_BY_DEFAULT = HERMES_VERSION >= (0, 20)
 
 
 def tool_search_mode() -> str | None:
-    """``tools.tool_search.enabled`` the scenarios run with: None on Hermes without tool
-    search; else ``$REDISBUS_TEST_TOOL_SEARCH`` or Hermes's default ``auto``."""
-    if not HAS_TOOL_SEARCH:
-        return None
-    return os.environ.get(TOOL_SEARCH_ENV) or "auto"
+    """``tools.tool_search.enabled`` the scenarios run with (None: Hermes's default)."""
+    return os.environ.get(TOOL_SEARCH_ENV) or None
 
 
 def tool_search_on() -> bool:
     """Whether plugin tools are hidden behind tool_search/tool_call in the scenarios."""
-    return tool_search_mode() not in (None, "off")
+    mode = tool_search_mode()
+    return mode == "on" or (mode in (None, "auto") and DEFERS_BY_DEFAULT)
 
 
 class ScenarioError(AssertionError):

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ._access import search_form
+from ._access import search_bridge
 from ._config import ChannelConfig
 from ._persona import goal_with_persona, persona_from_goal, slug
 from ._runtime import Binding, ChannelToolError, Runtime
@@ -109,7 +109,7 @@ def _install(ctx: Any, rt: Runtime) -> None:
     global _runtime
     with _lock:
         _runtime = rt
-    schema = hermes_schema(search_form())
+    schema = hermes_schema(search_bridge())
     ctx.register_tool(
         name=TOOL_NAME,
         toolset=TOOLSET,

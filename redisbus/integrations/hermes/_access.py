@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("redisbus.integrations.hermes")
@@ -21,27 +22,42 @@ log = logging.getLogger("redisbus.integrations.hermes")
 EXAMPLE_ARGS: dict[str, Any] = {"action": "read"}
 
 
-def _bridge_call_form(ts: Any) -> str:
-    """``"calls"`` or ``"name"``: the parameters of the installed Hermes's ``tool_call``."""
-    try:
-        schemas = ts.bridge_tool_schemas(0)
-        call_name = getattr(ts, "TOOL_CALL_NAME", "tool_call")
-        for s in schemas:
-            fn = s.get("function", s)
-            if fn.get("name") == call_name:
-                props = (fn.get("parameters") or {}).get("properties") or {}
-                return "calls" if "calls" in props else "name"
-    except Exception:
-        log.debug("could not read Hermes's tool_call schema", exc_info=True)
-    return "calls"
+@dataclass(frozen=True)
+class Bridge:
+    """The shape of the installed Hermes's bridge tools: ``tool_call`` takes ``calls``
+    (iot) or ``name``/``arguments`` (0.19, axisrow); ``tool_describe`` takes ``names`` or
+    ``name``."""
 
+    call_param: str = "calls"
+    describe_param: str = "names"
 
-def call_example(tool: str, args: dict[str, Any], form: str) -> str:
-    """A ``tool_call`` invocation of ``tool`` with ``args``, in the bridge's ``form``."""
-    a = json.dumps(args)
-    if form == "name":
+    def call(self, tool: str, args: dict[str, Any]) -> str:
+        a = json.dumps(args)
+        if self.call_param == "calls":
+            return f'tool_call(calls=[{{"name": "{tool}", "arguments": {a}}}])'
         return f'tool_call(name="{tool}", arguments={a})'
-    return f'tool_call(calls=[{{"name": "{tool}", "arguments": {a}}}])'
+
+    def describe(self, tool: str) -> str:
+        if self.describe_param == "names":
+            return f'tool_describe(names=["{tool}"])'
+        return f'tool_describe(name="{tool}")'
+
+
+def _bridge(ts: Any) -> Bridge:
+    """The bridge's parameters, read from the installed Hermes's own schemas."""
+    props: dict[str, Any] = {}
+    try:
+        for s in ts.bridge_tool_schemas(0):
+            fn = s.get("function", s)
+            props[fn.get("name")] = (fn.get("parameters") or {}).get("properties") or {}
+    except Exception:
+        log.debug("could not read Hermes's bridge schemas", exc_info=True)
+    call = props.get(getattr(ts, "TOOL_CALL_NAME", "tool_call"), {})
+    describe = props.get(getattr(ts, "TOOL_DESCRIBE_NAME", "tool_describe"), {})
+    return Bridge(
+        "name" if call and "calls" not in call else "calls",
+        "name" if describe and "names" not in describe else "names",
+    )
 
 
 def _tool_search() -> tuple[Any, Any] | None:
@@ -59,42 +75,66 @@ def _tool_search() -> tuple[Any, Any] | None:
     return None if getattr(cfg, "enabled", "auto") == "off" else (ts, cfg)
 
 
-def search_form() -> str | None:
-    """The ``tool_call`` form (``"calls"``/``"name"``) when tool search is on, else None.
-    Usable before the tool is registered (Hermes defers every plugin tool by default)."""
+def search_bridge() -> Bridge | None:
+    """The bridge when tool search is not off in this Hermes, else None. Usable before the
+    tool is registered (0.20+ defers every plugin tool by default)."""
     found = _tool_search()
-    return None if found is None else _bridge_call_form(found[0])
+    return None if found is None else _bridge(found[0])
 
 
-def deferred_form(tool: str) -> str | None:
-    """The ``tool_call`` form when Hermes defers the registered ``tool`` in this process,
-    else None (tool search absent or off, or the tool eager)."""
+def _deferrable(ts: Any, tool: str, cfg: Any) -> bool:
+    defer = getattr(cfg, "effective_defer_tools", None)
+    try:
+        return bool(ts.is_deferrable_tool_name(tool, defer))
+    except TypeError:  # 0.19: is_deferrable_tool_name(name)
+        return bool(ts.is_deferrable_tool_name(tool))
+
+
+def _schema_tokens(tool: str) -> int:
+    """The registered tool's schema size in Hermes's estimate (4 characters a token)."""
+    from tools.registry import registry  # only inside Hermes
+
+    entry = registry.get_entry(tool)
+    return max(1, len(json.dumps(getattr(entry, "schema", None) or {"name": tool})) // 4)
+
+
+def deferred_bridge(tool: str) -> Bridge | None:
+    """The bridge when Hermes defers the registered ``tool`` in this process,
+    else None (no tool search, or off, or the tool eager).
+
+    Asks Hermes's own ``should_activate`` whether the bridge replaces a tool list holding
+    just this tool: 0.20+'s ``auto`` does whenever a deferrable tool exists, 0.19's ``auto``
+    only past a share of the context (then other tools can tip it over, and the tool's
+    description still says what to do), and ``on`` always does.
+    """
     found = _tool_search()
     if found is None:
         return None
     ts, cfg = found
     try:
-        if not ts.is_deferrable_tool_name(tool, getattr(cfg, "effective_defer_tools", None)):
+        if not _deferrable(ts, tool, cfg):
+            return None
+        if not ts.should_activate(cfg, _schema_tokens(tool), None):
             return None
     except Exception:
         log.debug("could not tell whether Hermes defers %s", tool, exc_info=True)
         return None
-    return _bridge_call_form(ts)
+    return _bridge(ts)
 
 
-def description_hint(tool: str, form: str) -> str:
+def description_hint(tool: str, bridge: Bridge) -> str:
     """For the tool's description: what to do if the tool turns out deferred."""
     return (
         f"If {tool} is not in your tool list (Hermes's tool search loads it on demand), do "
         f"not call it by name: call it through tool_call, e.g. "
-        f"{call_example(tool, EXAMPLE_ARGS, form)}."
+        f"{bridge.call(tool, EXAMPLE_ARGS)}."
     )
 
 
-def note_hint(tool: str, form: str) -> str:
+def note_hint(tool: str, bridge: Bridge) -> str:
     """For the first-turn note of an agent whose Hermes defers the tool."""
     return (
         f"{tool} is not in your tool list: Hermes loads it on demand, so calling {tool} by "
-        f"name fails. Call it through tool_call, e.g. {call_example(tool, EXAMPLE_ARGS, form)}"
-        f' (tool_describe(names=["{tool}"]) shows its parameters).'
+        f"name fails. Call it through tool_call, e.g. {bridge.call(tool, EXAMPLE_ARGS)} "
+        f"({bridge.describe(tool)} shows its parameters)."
     )

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ... import Bus, ChannelMismatch
-from ._access import deferred_form, note_hint
+from ._access import Bridge, deferred_bridge, note_hint
 from ._config import ChannelConfig
 from ._persona import persona_from_goal
 
@@ -108,9 +108,9 @@ def frame_messages(channel: str, me: str, msgs: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def intro_text(b: Binding, others: list[str], deferred: str | None = None) -> str:
-    """The first-turn note of a child; ``deferred`` is the shape of Hermes's ``tool_call``
-    when tool search hides the tool (see ``_access``)."""
+def intro_text(b: Binding, others: list[str], deferred: Bridge | None = None) -> str:
+    """The first-turn note of a child; ``deferred``: the bridge to cross when Hermes's tool
+    search hides the tool (see ``_access``)."""
     parent = f" Your parent is {b.parent}." if b.parent else ""
     members = ", ".join(others) if others else "none yet"
     how = (
@@ -142,12 +142,12 @@ class Runtime:
         self.session_channel: dict[str, str] = {}  # root session -> channel name override
         self.names: dict[str, set[str]] = {}  # channel -> names taken by this process
         self._local = threading.local()  # per-thread: delegations that opted out
-        self._deferred: tuple[str | None] | None = None  # (deferred_form,) once looked up
+        self._deferred: tuple[Bridge | None] | None = None  # (deferred(),) once looked up
 
-    def deferred_form(self) -> str | None:
-        """How Hermes's tool search hides the tool in this process (fixed per process)."""
+    def deferred(self) -> Bridge | None:
+        """The bridge when Hermes's tool search hides the tool (fixed per process)."""
         if self._deferred is None:
-            self._deferred = (deferred_form("agent_channel"),)
+            self._deferred = (deferred_bridge("agent_channel"),)
         return self._deferred[0]
 
     @property
@@ -357,7 +357,7 @@ class Runtime:
             except Exception:
                 log.debug("agents() failed", exc_info=True)
                 others = []
-            parts.append(intro_text(b, others, self.deferred_form()))
+            parts.append(intro_text(b, others, self.deferred()))
         if self.config.deliver_unread:
             with b.lock:
                 msgs = self.consume(b, b.agent.read(filter_by="unread"))

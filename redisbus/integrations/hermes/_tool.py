@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import RedisbusError
-from ._access import description_hint
+from ._access import Bridge, description_hint
 from ._runtime import FRAME, ChannelToolError, Runtime, message_dict, receipt_dict
 
 log = logging.getLogger("redisbus.integrations.hermes")
@@ -67,12 +67,13 @@ SCHEMA: dict[str, Any] = {
 }
 
 
-def hermes_schema(form: str | None) -> dict[str, Any]:
-    """The schema as registered in a Hermes whose tool search may defer the tool (``form``:
-    the shape of its ``tool_call``, see ``_access``); ``SCHEMA`` itself when it has none."""
-    if form is None:
+def hermes_schema(bridge: Bridge | None) -> dict[str, Any]:
+    """The schema as registered in a Hermes whose tool search may defer the tool (``bridge``:
+    its bridge tools, see ``_access``); ``SCHEMA`` itself when tool search is absent or off."""
+    if bridge is None:
         return SCHEMA
-    return {**SCHEMA, "description": f"{SCHEMA['description']} {description_hint(TOOL_NAME, form)}"}
+    hint = description_hint(TOOL_NAME, bridge)
+    return {**SCHEMA, "description": f"{SCHEMA['description']} {hint}"}
 
 
 def _error_json(message: str, **extra: Any) -> str:
