@@ -323,6 +323,16 @@ def check_every_query(url: str) -> None:
         )
         assert added == held + entries[("redisbus_stream_entries_removed", kind)], entries
     assert entries[("redisbus_stream_entries", "dead_letter")] == 1
+    # and the exporter's own figures: no channel left out, the janitors' count (the seeded
+    # dead letter was made by a fetch, not a janitor), and its version beside the hosts'
+    assert float(query(url, "max(redisbus_exporter_channels_skipped)")[0]["value"][1]) == 0
+    janitor = "max(redisbus_janitor_dead_lettered_total)"
+    assert float(query(url, janitor)[0]["value"][1]) == 0
+    versions = query(url, "count by (job) (redisbus_build_info)")
+    assert {r["metric"]["job"]: float(r["value"][1]) for r in versions} == {
+        "redisbus-agents": 2,
+        "redisbus-exporter": 1,
+    }
     assert entries[("redisbus_stream_entries_added", "channel")] >= 6  # 3 + 2 + the poison
     # the watchdog (0.5 s here) sees the four unread messages as stale
     stale = "max(redisbus_watchdog_stale_unread_messages)"
@@ -363,6 +373,7 @@ def check_every_alert(url: str, dead_host: str) -> None:
         "RedisbusEvictionPolicyUnsafe": 'redisbus_redis_maxmemory_policy{policy="noeviction"}',
         "RedisbusSentButNotReceived": "sum(rate(redisbus_messages_received_total[5m])) > 0",
         "RedisbusStoredEntriesLost": 'redisbus_stream_entries_added{stream="channel"} > 0',
+        "RedisbusExporterChannelsSkipped": "max(redisbus_exporter_channels_skipped) == 0",
     }
     assert set(quiet) | {"RedisbusRefusalRateHigh", "RedisbusAgentHostDown",
                          "RedisbusRedisMemoryNearLimit"} == set(exprs)  # fmt: skip
@@ -453,6 +464,76 @@ def test_redis_down_alert_fires_when_redis_stops_and_resolves_when_it_returns(
             finally:
                 stop_prometheus()
     finally:
+        server.stop()
+
+
+def stale_after(rules: Path, seconds: int) -> Path:
+    """The rules with RedisbusStaleUnread's 60 s threshold lowered to ``seconds`` (and nothing
+    else changed), so that a live test sees a stale message without waiting a minute."""
+    text = rules.read_text()
+    old = "redisbus_oldest_unread_age_seconds[1h])) > 60"
+    assert text.count("redisbus_oldest_unread_age_seconds) > 60") == text.count(old) == 1
+    text = text.replace(
+        "redisbus_oldest_unread_age_seconds) > 60",
+        f"redisbus_oldest_unread_age_seconds) > {seconds}",
+    )
+    rules.write_text(text.replace(old, old.replace("> 60", f"> {seconds}")))
+    return rules
+
+
+@pytest.mark.slow
+def test_stale_unread_alert_holds_through_a_redis_outage(tmp_path: Path) -> None:
+    # given a message nobody reads, on a Redis that keeps its data over a restart, the exporter
+    # reading it every 0.2 s, and Prometheus with the committed rules (`for` 2 s, the stale
+    # threshold 3 s instead of 60 s)
+    server = start_server("redis7", tmp_path / "redis", persistent=True)
+    bus = Bus.from_url(server.url, settings=BusSettings(metrics=False, host="seed"))
+    try:
+        ch = bus.channel("desk", **FAST)
+        reader = ch.join("reader")
+        ch.join("writer").send("reader", "read me")
+        with run_exporter(server.url, "--interval-s", "0.2", "--no-janitor") as exporter:
+            rules = stale_after(quick_rules(tmp_path, for_="2s"), 3)
+            url, stop_prometheus = start_prometheus(
+                tmp_path, {"redisbus-exporter": [exporter]}, rule_files=[rules]
+            )
+            try:
+
+                def state(name: str) -> str:
+                    return rule_states(url).get(name, ("", ""))[1]
+
+                wait_until(
+                    "RedisbusStaleUnread firing", lambda: state("RedisbusStaleUnread") == "firing"
+                )
+                # when Redis stops: the exporter serves no fleet gauge
+                server.stop()
+                wait_until(
+                    "RedisbusRedisDown firing", lambda: state("RedisbusRedisDown") == "firing"
+                )
+                assert not query(url, "redisbus_oldest_unread_age_seconds")
+                # then the stale-unread alert stays firing through the outage (it resolved 8 s
+                # in before the hold), with the last reading as its value
+                deadline = time.monotonic() + 12
+                while time.monotonic() < deadline:
+                    assert state("RedisbusStaleUnread") == "firing", rule_states(url)
+                    time.sleep(0.5)
+                # when Redis returns, the message still unread: still firing
+                server.start()
+                wait_until(
+                    "RedisbusRedisDown resolved", lambda: state("RedisbusRedisDown") == "inactive"
+                )
+                wait_for_data(url, "redisbus_oldest_unread_age_seconds > 3")
+                assert state("RedisbusStaleUnread") == "firing"
+                # and once the message is read and done, it resolves
+                assert [m.body for m in reader.read()] == ["read me"]  # kept over the restart
+                wait_until(
+                    "RedisbusStaleUnread resolved",
+                    lambda: state("RedisbusStaleUnread") == "inactive",
+                )
+            finally:
+                stop_prometheus()
+    finally:
+        bus.close()
         server.stop()
 
 
