@@ -137,6 +137,18 @@ def test_every_alert_links_its_own_section_of_the_runbook() -> None:
     assert {a for a in anchors if a.startswith("redisbus")} == {n.lower() for n in ALERT_NAMES}
 
 
+def test_runbook_urls_point_into_the_site_the_repo_publishes() -> None:
+    # the site's address is mkdocs.yml's, the hosting config builds that mkdocs.yml strictly,
+    # and the docs workflow builds it on every push and checks each runbook_url's anchor
+    (mkdocs,) = yaml_docs(ROOT / "mkdocs.yml")
+    assert mkdocs["site_url"] + "runbook/" == RUNBOOK_URL
+    (rtd,) = yaml_docs(ROOT / ".readthedocs.yaml")
+    assert rtd["mkdocs"] == {"configuration": "mkdocs.yml", "fail_on_warning": True}
+    (workflow,) = yaml_docs(ROOT / ".github" / "workflows" / "docs.yml")
+    steps = " ".join(str(step.get("run", "")) for step in workflow["jobs"]["build"]["steps"])
+    assert "mkdocs build --strict" in steps and "runbook_url" in steps
+
+
 def test_redis_down_alerts_on_the_exporters_own_gauge_not_on_up() -> None:
     rules = {r["alert"]: r for r in alert_rules()}
     # the exporter answers while Redis does not: its `up` stays 1, so the alert needs its gauge
