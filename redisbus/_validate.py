@@ -60,7 +60,9 @@ def body(value: object) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidInput("message body is not valid Unicode (lone surrogate)") from None
+        raise InvalidInput(
+            "message body is not valid UTF-8 (it holds a lone surrogate, which UTF-8 cannot encode)"
+        ) from None
     return value
 
 

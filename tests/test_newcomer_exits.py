@@ -125,3 +125,10 @@ def test_a_sigkilled_owner_takes_its_embedded_redis_with_it() -> None:
     finally:
         if _running(pid):
             os.kill(pid, 9)
+
+
+def test_a_lone_surrogate_is_said_to_be_invalid_utf8() -> None:
+    from redisbus._validate import body
+
+    with pytest.raises(InvalidInput, match="not valid UTF-8"):
+        body("half a pair: \ud800")
