@@ -66,26 +66,28 @@ class AsyncAgent(AgentState):
                 durable = self._bus.settings.durable
             if durable and idempotency_key is None:
                 idempotency_key = core.new_agent_id().replace("ag-", "auto-")
-            plan = core.plan_send(
-                self.name,
-                to,
-                body,
-                subject=subject,
-                type=type,
-                priority=priority,
-                reply_to=reply_to,
-                ttl_s=ttl_s,
-                idempotency_key=idempotency_key,
-                trace=trace,
-                signer=self._bus._signer,
-                channel=self.channel.name,
-                parent=self.parent,
-                cause=self._cause(),
-            )
-            wait_s = (
-                None if await_delivery is None else check.seconds(await_delivery, "await_delivery")
-            )
-            try:
+            try:  # a refusal counts whether the client or the script makes it
+                plan = core.plan_send(
+                    self.name,
+                    to,
+                    body,
+                    subject=subject,
+                    type=type,
+                    priority=priority,
+                    reply_to=reply_to,
+                    ttl_s=ttl_s,
+                    idempotency_key=idempotency_key,
+                    trace=trace,
+                    signer=self._bus._signer,
+                    channel=self.channel.name,
+                    parent=self.parent,
+                    cause=self._cause(),
+                )
+                wait_s = (
+                    None
+                    if await_delivery is None
+                    else check.seconds(await_delivery, "await_delivery")
+                )
                 reply = await self._bus._coalescer.send(
                     self._send_keys, plan.argv, idempotent=idempotency_key is not None
                 )

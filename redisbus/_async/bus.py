@@ -59,7 +59,7 @@ class AsyncBus:
         self.metrics: Any = (
             metrics
             if metrics is not None
-            else (BusMetrics(host=self.settings.host) if self.settings.metrics else NOOP)
+            else (BusMetrics.from_settings(self.settings) if self.settings.metrics else NOOP)
         )
         self._owned = owned  # an embedded server to stop on close
         self._closed = False
