@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -68,6 +68,26 @@ def a2a(
             help="Parent of the external agents' members (family channels).",
         ),
     ] = None,
+    external_auth_file: Annotated[
+        str | None,
+        typer.Option(
+            "--external-auth-file",
+            envvar="REDISBUS_A2A_EXTERNAL_AUTH_FILE",
+            help='JSON {"NAME or URL": "TOKEN" or {"Header": "value"}}: what to send each '
+            "external agent (a string is a bearer token; or the JSON itself in "
+            "REDISBUS_A2A_EXTERNAL_AUTH). Never on the command line.",
+        ),
+    ] = None,
+    external_timeout: Annotated[
+        float,
+        typer.Option(
+            "--external-timeout",
+            envvar="REDISBUS_A2A_EXTERNAL_TIMEOUT_S",
+            min=1,
+            help="Seconds an external agent's answer may take (a Hermes turn holds the request "
+            "open that long).",
+        ),
+    ] = 300.0,
     send_wait: Annotated[
         float,
         typer.Option(
@@ -103,11 +123,16 @@ def a2a(
     except OSError as e:
         raise InvalidInput(f"cannot read --tokens-file: {e}") from e
     specs = [x for item in external or [] for x in item.replace(",", " ").split()]
+    externals = _externals(
+        [bridge.parse_external(x, external_parent) for x in specs],
+        external_auth_file,
+        external_timeout,
+    )
     config = bridge.BridgeConfig(
         channel=channel,
         tokens=tokens,
         public_url=public_url or f"http://{host}:{port}",
-        externals=[bridge.parse_external(x, external_parent) for x in specs],
+        externals=externals,
         settings=BusSettings(url=url) if url else BusSettings(),
         send_wait_s=send_wait,
     )
@@ -116,4 +141,62 @@ def a2a(
             "redisbus a2a: no caller tokens (REDISBUS_A2A_TOKENS or --tokens-file): "
             "cards are served, every call is refused\n"
         )
-    uvicorn.run(bridge.build_app(config), host=host, port=port, log_level=level.lower())
+    _reachable(externals)
+    server = uvicorn.Server(
+        uvicorn.Config(bridge.build_app(config), host=host, port=port, log_level=level.lower())
+    )
+    server.run()
+    if server.should_exit and not server.started:
+        raise Exit("a2a: the bridge did not start (see the lines above)", 1)
+    if server.should_exit:  # stopped by a signal (Ctrl-C, SIGTERM): as documented
+        raise KeyboardInterrupt
+
+
+def _externals(found: list[Any], auth_file: str | None, timeout_s: float) -> list[Any]:
+    """The externals with their headers (from a file or the environment) and timeout."""
+    from .integrations.a2a._outbound import External, load_external_auth, with_auth
+
+    text = os.environ.get("REDISBUS_A2A_EXTERNAL_AUTH")
+    where = "REDISBUS_A2A_EXTERNAL_AUTH"
+    if auth_file:
+        try:
+            with open(auth_file, encoding="utf-8") as f:
+                text, where = f.read(), "--external-auth-file"
+        except OSError as e:
+            raise InvalidInput(f"cannot read --external-auth-file: {e}") from e
+    timed = [External(e.url, e.name, e.parent, e.headers, timeout_s) for e in found]
+    if not text:
+        return timed
+    try:
+        return with_auth(timed, load_external_auth(text))
+    except ValueError as e:
+        raise InvalidInput(f"{where}: {e}") from None
+
+
+def _reachable(externals: list[Any]) -> None:
+    """Each external agent's card answers, before anything is served: one line, exit 2."""
+    import asyncio
+
+    import httpx
+
+    from .integrations.a2a._outbound import fetch_card, http_client
+
+    async def check(ext: Any) -> None:
+        async with http_client(ext) as http:
+            try:
+                await fetch_card(http, ext.url)
+            except Exception as e:
+                cause: BaseException = e
+                while cause.__cause__ is not None and not isinstance(cause, httpx.HTTPError):
+                    cause = cause.__cause__
+                raise Exit(
+                    f"a2a: the A2A agent at {ext.url} does not answer its card: "
+                    f"{type(cause).__name__}: {cause}",
+                    2,
+                ) from None
+
+    async def check_all() -> None:
+        for ext in externals:
+            await check(ext)
+
+    asyncio.run(check_all())
