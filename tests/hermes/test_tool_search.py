@@ -47,7 +47,7 @@ def script(request: dict) -> list[Action]:
     told_to_bridge = "through tool_call" in _note(c)
     done = [t["name"] for t in c.raw_tool_calls]
     if told_to_bridge and "tool_describe" not in done:
-        shown = re.search(r'tool_describe\((names|name)=', _note(c))
+        shown = re.search(r"tool_describe\((names|name)=", _note(c))
         if shown is not None and shown.group(1) == "name":
             return [tool_call("tool_describe", name="agent_channel")]
         return [tool_call("tool_describe", names=["agent_channel"])]
