@@ -5,6 +5,7 @@ when this command runs, so the rest of the CLI works without it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from typing import Annotated, Any
@@ -175,8 +176,6 @@ def _externals(found: list[Any], auth_file: str | None, timeout_s: float) -> lis
 
 def _reachable(externals: list[Any]) -> None:
     """Each external agent's card answers, before anything is served: one line, exit 2."""
-    import asyncio
-
     import httpx
 
     from .integrations.a2a._outbound import fetch_card, http_client

@@ -40,6 +40,8 @@ LAZY_OK: dict[str, str] = {
     "redisbus.integrations.a2a": "optional: the A2A SDK, only when `redisbus a2a` runs",
     "opentelemetry": "optional: the otel extra, looked up once when a bus is made",
     "redisbus._trust": "optional: cryptography (the signing extra), only with per-host keys",
+    "httpx": "optional: the a2a extra's HTTP client, only when `redisbus a2a --external` runs",
+    "ctypes": "Linux only: prctl, so an embedded server dies with its owner",
 }
 # (importing module, imported module): function-level imports in modules owned elsewhere that
 # are waiting to move to the top; remove an entry when its import moves.

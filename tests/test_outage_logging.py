@@ -153,6 +153,9 @@ def test_serve_waits_out_an_outage_and_handles_what_comes_after(
         finally:
             stop.set()
             t.join(10)
-    serving = [r for r in caplog.records if "serving b" in r.getMessage()]
-    assert [r.levelno for r in serving] == [logging.WARNING, logging.INFO]
+    serving = [r.levelno for r in caplog.records if "serving b" in r.getMessage()]
+    # one line when it starts failing, one when it works again (a connection the freeze
+    # left dead in the pool may fail once more after that: a second pair at most), never a
+    # line per poll, never a traceback
+    assert serving[:2] == [logging.WARNING, logging.INFO] and len(serving) <= 4, serving
     assert not any(r.exc_info for r in caplog.records)
