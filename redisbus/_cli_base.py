@@ -6,7 +6,7 @@ import json
 import socket
 import ssl
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
 from urllib.parse import urlparse
@@ -14,6 +14,8 @@ from urllib.parse import urlparse
 import redis
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup, TyperOption
+from typer.models import CommandFunctionType
 
 from . import _validate as check
 from ._errors import BusConnectionError, InvalidInput, RedisbusError, UnknownAgent, UnknownChannel
@@ -26,6 +28,7 @@ from .bus import Agent, Bus, Channel
 
 __all__ = [
     "Exit",
+    "Typer",
     "app",
     "attach",
     "connect",
@@ -45,7 +48,40 @@ CONNECT_HELP = (
     "lasts this one command."
 )
 
-app = typer.Typer(
+
+def _bare_flags(params: list[Any]) -> list[Any]:
+    """Flags take no value, so --help shows none: typer would print ``<bool>`` after each
+    (``--help`` too). An empty metavar is what its help renders as nothing."""
+    for p in params:
+        if isinstance(p, TyperOption) and p.is_flag and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _bare_flags(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _bare_flags(super().get_params(ctx))
+
+
+class Typer(typer.Typer):
+    """``typer.Typer`` whose commands and groups show no placeholder after a flag in --help."""
+
+    def __init__(self, **kw: Any) -> None:
+        kw.setdefault("cls", Group)
+        super().__init__(**kw)
+
+    def command(
+        self, name: str | None = None, *, cls: type[TyperCommand] | None = None, **kw: Any
+    ) -> Callable[[CommandFunctionType], CommandFunctionType]:
+        return super().command(name, cls=cls or Command, **kw)
+
+
+app = Typer(
     name="redisbus",
     help=(
         "A message bus on Redis Streams for fleets of AI agents.\n\n"

@@ -22,6 +22,7 @@ from ._cli_base import (
     JsonOpt,
     LimitOpt,
     PrefixOpt,
+    Typer,
     UrlOpt,
     app,
     connect,
@@ -212,7 +213,7 @@ def resume(
         err.print(f"{channel}: resumed")
 
 
-dlq = typer.Typer(
+dlq = Typer(
     help="Dead letters: messages delivered too many times without being done.", no_args_is_help=True
 )
 app.add_typer(dlq, name="dlq")
