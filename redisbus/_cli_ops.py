@@ -380,3 +380,5 @@ def demo(
         run_demo(procs=agents_procs, data_dir=data, fast=fast, url=url)
     except DemoError as e:
         raise Exit(f"demo failed: {e}", 1) from e
+    except KeyboardInterrupt:  # typer would turn it into a silent 130
+        raise Exit("interrupted", 130) from None

@@ -8,6 +8,7 @@ with a clear line instead of hanging.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,14 +17,21 @@ from ._errors import RateLimited
 from ._model import Message
 from .bus import Agent
 
-__all__ = ["CHILDREN", "ROLES", "Actor", "DemoError", "director"]
+__all__ = ["CHILDREN", "ROLES", "Actor", "DemoError", "Stopped", "director"]
 
 CHILDREN = ("writer", "designer", "storyboard")
 Emit = Callable[..., None]
+# An actor that can be stopped waits in slices this long: a wait holds its bus's connection
+# (closing the bus waits for it), and the bus's own slice is 5 s.
+STOP_CHECK_S = 0.25
 
 
 class DemoError(Exception):
     """A scripted agent did not get what its script expects."""
+
+
+class Stopped(DemoError):
+    """The run is being stopped (Ctrl-C): the actor gives up where it is."""
 
 
 SCRIPT_V1 = """NEON DREAMS, draft v1 (3 min)
@@ -72,12 +80,20 @@ SIGN_OFF = {
 class Actor:
     """One scripted agent: its handle, its pace, and the messages it has not used yet."""
 
-    def __init__(self, agent: Agent, pace: float, emit: Emit, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        pace: float,
+        emit: Emit,
+        timeout_s: float = 30.0,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.agent = agent
         self.name = agent.name
         self.pace = pace
         self.emit = emit
         self.timeout_s = timeout_s
+        self.stop = stop
         self.inbox: list[Message] = []
 
     def think(self, seconds: float, at_least: float = 0.0) -> None:
@@ -92,6 +108,10 @@ class Actor:
         Done as soon as they are in the actor's working memory (the auto-done of SPEC §2):
         the receipts then keep the moment of delivery, and the inbox counters stay at zero.
         """
+        if self.stop is not None:
+            if self.stop.is_set():
+                raise Stopped(f"{self.name} stopped")
+            timeout = min(timeout, STOP_CHECK_S)
         new = self.agent.wait(timeout=min(timeout, 300.0)).messages
         if new:
             self.agent.mark_done(new, result="ok")
@@ -128,8 +148,14 @@ class Actor:
                     current=e.current,
                     retry_after_s=retry,
                 )
-                time.sleep(retry)
+                self.pause(retry)
         raise DemoError(f"{self.name} could not send {subject!r}")
+
+    def pause(self, seconds: float) -> None:
+        if self.stop is None:
+            time.sleep(seconds)
+        elif self.stop.wait(seconds):
+            raise Stopped(f"{self.name} stopped")
 
     def finish(self) -> None:
         """Write the last read marks, and report."""
@@ -145,7 +171,7 @@ def director(a: Actor, members_ready: Callable[[], bool]) -> None:
     while not members_ready():  # the parent spawns its children, then briefs them
         if time.monotonic() > deadline:
             raise DemoError("the child agents did not join in time")
-        time.sleep(0.02)
+        a.pause(0.02)
     a.send(
         "all",
         "Start production on 'Neon Dreams', a 3-minute cyberpunk anime. Writer: the "

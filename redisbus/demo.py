@@ -7,7 +7,10 @@ processes share is the Redis URL. With no ``REDISBUS_URL``, a private Redis is s
 
 The transcript tails the channel's stream with ``XREAD BLOCK`` (read-only: the observer is not
 a member, so it changes no read marks and receives no broadcasts). Workers report what the
-stream cannot show (refusals, notes, the end of their script) as JSON lines on stdout.
+stream cannot show (refusals, notes, the end of their script) as JSON lines on stdout, each
+stamped with Redis ``TIME``; the transcript prints both in the order of the Redis clock.
+
+Ctrl-C stops the director within a wait slice, kills the workers and the private Redis.
 
 Latency in the summary is send -> delivery from the receipts: ``delivered_at - queued_at``,
 both read off the Redis clock (the entry id's millisecond, and Redis ``TIME`` when the
@@ -17,10 +20,14 @@ recipient's process fetched it), so no two hosts' clocks are compared. Resolutio
 from __future__ import annotations
 
 import argparse
+import heapq
+import itertools
 import json
+import logging
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -29,13 +36,14 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import IO, Any
 
+import redis
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ._cli_view import member_tree, safe
 from ._core import message_from_fields
-from ._demo_script import CHILDREN, ROLES, Actor, DemoError, director
+from ._demo_script import CHILDREN, ROLES, STOP_CHECK_S, Actor, DemoError, director
 from ._errors import human_number
 from ._model import Message, Receipt
 from ._settings import BusSettings
@@ -49,6 +57,9 @@ __all__ = ["percentile", "run_demo", "worker_main"]
 PAIR_BURST, PAIR_PER_S = 3, 2.0
 HOSTS = ("host-b", "host-c", "host-d")
 RUN_TIMEOUT_S = 60.0
+# How long the transcript holds a line back: an event written before a message may reach this
+# process after it, through its worker's pipe.
+HOLD_MS = 400
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -60,6 +71,15 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def settings(url: str, host: str) -> BusSettings:
     return BusSettings(url=url, host=host, replica=f"{host}/demo", metrics=False)
+
+
+def redis_ms(bus: Bus) -> int | None:
+    """Now on the Redis clock, the one that stamps the stream's entries (None: unreachable)."""
+    try:
+        seconds, micros = bus.redis.time()
+    except (redis.RedisError, OSError):
+        return None
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 # -- worker processes ---------------------------------------------------------------------------
@@ -77,15 +97,19 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     if not url:
         print("REDISBUS_URL is not set", file=sys.stderr)
         return 2
+    # a stand-in for another host: Ctrl-C in the demo's terminal ends it at once, as a host
+    # that goes away; the demo reports nothing about it then
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     lock = threading.Lock()
+    bus = Bus.from_url(url, settings=settings(url, a.host))
 
     def emit(event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, "host": a.host, **fields}, default=str)
+        at = {"event": event, "host": a.host, "ms": redis_ms(bus)}
+        line = json.dumps({**at, **fields}, default=str)
         with lock:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
-    bus = Bus.from_url(url, settings=settings(url, a.host))
     failures: list[str] = []
 
     def run(role: str) -> None:
@@ -175,14 +199,27 @@ class Worker:
 
 
 class Transcript:
-    """Prints messages as they land on the stream, and the workers' events, with a clock."""
+    """Prints the messages on the stream and the workers' events in the order they happened
+    on the Redis clock, each stamped with its moment.
 
-    def __init__(self, console: Console, t0_ms: int) -> None:
+    ``message()`` and ``event()`` queue a line; ``flush(upto_ms)`` prints those up to that
+    moment (all of them without one). At the same millisecond an event goes first: what a
+    worker reports (a join, a refusal, a note) comes before what it sends next.
+    """
+
+    def __init__(self, console: Console, t0_ms: int, offset_ms: int = 0) -> None:
         self.console = console
         self.t0_ms = t0_ms
+        self.offset_ms = offset_ms  # Redis clock minus this host's
         self.messages: list[Message] = []
         self.refusals: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self._queue: list[tuple[int, int, int, Message | dict[str, Any]]] = []
+        self._order = itertools.count()
+
+    def now_ms(self) -> int:
+        """Now on the Redis clock, as this host's clock tells it."""
+        return int(time.time() * 1000) + self.offset_ms
 
     def stamp(self, ms: int) -> str:
         return f"{max(0, ms - self.t0_ms) / 1000:6.2f}s"
@@ -190,6 +227,26 @@ class Transcript:
     def message(self, m: Message) -> None:
         self.messages.append(m)
         ms = int(m.created_at.timestamp() * 1000)
+        heapq.heappush(self._queue, (ms, 1, next(self._order), m))
+
+    def event(self, e: dict[str, Any]) -> None:
+        if e.get("event") == "refused":
+            self.refusals.append(e)
+        elif e.get("event") == "error":
+            self.errors.append(f"{e['agent']}: {e['error']}")
+        ms = e.get("ms")
+        at = int(ms) if isinstance(ms, int | float) else self.now_ms()
+        heapq.heappush(self._queue, (at, 0, next(self._order), e))
+
+    def flush(self, upto_ms: int | None = None) -> None:
+        while self._queue and (upto_ms is None or self._queue[0][0] <= upto_ms):
+            ms, _, _, item = heapq.heappop(self._queue)
+            if isinstance(item, Message):
+                self._print_message(ms, item)
+            else:
+                self._print_event(ms, item)
+
+    def _print_message(self, ms: int, m: Message) -> None:
         t = Text(self.stamp(ms) + "  ", style="dim")
         t.append(safe(m.sender), style="bold cyan")
         t.append(" → ")
@@ -204,28 +261,26 @@ class Transcript:
         t.append(f"  {first}{' …' if rest else ''}")
         self.console.print(t, no_wrap=True, overflow="ellipsis")
 
-    def event(self, e: dict[str, Any]) -> None:
-        now = self.stamp(int(time.time() * 1000))
+    def _print_event(self, ms: int, e: dict[str, Any]) -> None:
+        at = self.stamp(ms)
         kind = e.get("event")
         if kind == "refused":
-            self.refusals.append(e)
             self.console.print(
                 Text.assemble(
-                    (now + "  ", "dim"),
+                    (at + "  ", "dim"),
                     ("REFUSED ", "bold red"),
                     f"{e['agent']} → {e['to']} [{e['subject']}]: {e['code']} ({e['error']}); "
                     "waiting, then resending",
                 )
             )
         elif kind == "note":
-            self.console.print(Text(f"{now}  {e['agent']} {e['text']}", style="dim italic"))
+            self.console.print(Text(f"{at}  {e['agent']} {e['text']}", style="dim italic"))
         elif kind == "joined":
-            self.console.print(Text(f"{now}  {e['agent']} joined from {e['host']}", style="dim"))
+            self.console.print(Text(f"{at}  {e['agent']} joined from {e['host']}", style="dim"))
         elif kind == "error":
-            self.errors.append(f"{e['agent']}: {e['error']}")
-            self.console.print(Text(f"{now}  {e['agent']} failed: {e['error']}", style="red"))
+            self.console.print(Text(f"{at}  {e['agent']} failed: {e['error']}", style="red"))
         elif kind == "output":
-            self.console.print(Text(f"{now}  {e['host']}: {e['text']}", style="dim"))
+            self.console.print(Text(f"{at}  {e['host']}: {e['text']}", style="dim"))
 
 
 def run_demo(
@@ -235,7 +290,8 @@ def run_demo(
     url: str | None = None,
     console: Console | None = None,
 ) -> None:
-    """Run the whole production; raises ``DemoError`` when a step did not happen."""
+    """Run the whole production; raises ``DemoError`` when a step did not happen, and lets
+    ``KeyboardInterrupt`` through once everything it started is stopped."""
     con = console or Console(highlight=False)
     if not con.is_terminal and "COLUMNS" not in os.environ:
         con.width = 110  # logs and pipes: wide enough for the summary table
@@ -246,61 +302,87 @@ def run_demo(
         url = server.url
         where = data_dir or "temporary"
         con.print(Text(f"embedded redis-server on {url} (data: {where})", style="dim"))
+    interrupted = False
     try:
-        _produce(con, url, max(1, min(procs, len(CHILDREN))), 0.05 if fast else 1.0)
+        bus = Bus.from_url(url, settings=settings(url, "host-a"))
+        try:
+            _produce(con, bus, url, max(1, min(procs, len(CHILDREN))), 0.05 if fast else 1.0)
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
+        finally:
+            _close(bus, quiet=interrupted and server is not None)
     finally:
         if server is not None:
             server.stop()
 
 
-def _produce(con: Console, url: str, procs: int, pace: float) -> None:
-    bus = Bus.from_url(url, settings=settings(url, "host-a"))
+def _close(bus: Bus, quiet: bool) -> None:
+    """Close the bus; ``quiet``: without a warning that its heartbeat leases could not be
+    released. A terminal's Ctrl-C reaches the private redis-server too (the same process
+    group), and the leases go with the server."""
+    log = logging.getLogger("redisbus")
+    was = log.disabled
+    log.disabled = was or quiet
     try:
-        name = f"neon-dreams-{secrets.token_hex(3)}"
-        ch = bus.channel(
-            name, routing="open", pair_rate_burst=PAIR_BURST, pair_rate_per_s=PAIR_PER_S
-        )
-        boss = ch.join("director", description="the parent: briefs, notes, final review")
-        con.rule(f"Neon Dreams: channel {name}, {procs + 1} OS processes")
-        con.print(Text("director joined from host-a (this process)", style="dim"))
-        t0 = ch.config.created_ms  # Redis clock
-        view = Transcript(con, t0)
-        events: queue.Queue[dict[str, Any]] = queue.Queue()
-        groups = [list(CHILDREN[i::procs]) for i in range(procs)]
-        workers = [Worker(g, HOSTS[i], name, url, pace, events) for i, g in enumerate(groups)]
-        failure: list[str] = []
-
-        def everyone_joined() -> bool:
-            for w in workers:
-                if w.proc.poll() is not None:  # fail fast: it can no longer join
-                    why = w.stderr[-1] if w.stderr else f"exit status {w.proc.returncode}"
-                    raise DemoError(f"{w.host} stopped before its agents joined: {why}")
-            return len(ch.members()) == 1 + len(CHILDREN)
-
-        def run_director() -> None:
-            try:
-                actor = Actor(boss, pace, lambda event, **f: events.put({"event": event, **f}))
-                director(actor, everyone_joined)
-            except Exception as e:  # reported as one event line; the run then fails
-                failure.append(f"director: {type(e).__name__}: {e}")
-
-        lead = threading.Thread(target=run_director, name="director", daemon=True)
-        lead.start()
-        try:
-            _follow(ch, view, events, workers, lead, con)
-        finally:
-            for w in workers:
-                w.stop()
-        for w in workers:
-            if w.proc.returncode and not view.errors:
-                detail = w.stderr[-1] if w.stderr else f"exit status {w.proc.returncode}"
-                failure.append(f"{w.host} ({', '.join(w.roles)}): {detail}")
-        failure += view.errors
-        _summary(con, ch, boss, view)
-        if failure:
-            raise DemoError(failure[0])
-    finally:
         bus.close()
+    finally:
+        log.disabled = was
+
+
+def _produce(con: Console, bus: Bus, url: str, procs: int, pace: float) -> None:
+    name = f"neon-dreams-{secrets.token_hex(3)}"
+    ch = bus.channel(name, routing="open", pair_rate_burst=PAIR_BURST, pair_rate_per_s=PAIR_PER_S)
+    boss = ch.join("director", description="the parent: briefs, notes, final review")
+    con.rule(f"Neon Dreams: channel {name}, {procs + 1} OS processes")
+    con.print(Text("director joined from host-a (this process)", style="dim"))
+    t0 = ch.config.created_ms  # Redis clock
+    here = redis_ms(bus)
+    view = Transcript(con, t0, 0 if here is None else here - int(time.time() * 1000))
+    events: queue.Queue[dict[str, Any]] = queue.Queue()
+    stop = threading.Event()
+    groups = [list(CHILDREN[i::procs]) for i in range(procs)]
+    workers: list[Worker] = []
+    failure: list[str] = []
+
+    def everyone_joined() -> bool:
+        for w in workers:
+            if w.proc.poll() is not None:  # fail fast: it can no longer join
+                why = w.stderr[-1] if w.stderr else f"exit status {w.proc.returncode}"
+                raise DemoError(f"{w.host} stopped before its agents joined: {why}")
+        return len(ch.members()) == 1 + len(CHILDREN)
+
+    def report(event: str, **fields: Any) -> None:
+        events.put({"event": event, "ms": redis_ms(bus), **fields})
+
+    def run_director() -> None:
+        try:
+            director(Actor(boss, pace, report, stop=stop), everyone_joined)
+        except Exception as e:  # reported as one event line; the run then fails
+            failure.append(f"director: {type(e).__name__}: {e}")
+
+    lead = threading.Thread(target=run_director, name="director", daemon=True)
+    try:
+        for host, roles in zip(HOSTS, groups, strict=False):
+            workers.append(Worker(roles, host, name, url, pace, events))
+        lead.start()
+        _follow(ch, view, events, workers, lead)
+    finally:
+        # the director leaves its wait within a slice, so closing the bus does not wait for
+        # it; the workers are other processes, stopped at once
+        stop.set()
+        for w in workers:
+            w.stop()
+        if lead.is_alive():
+            lead.join(2 * STOP_CHECK_S)
+    for w in workers:
+        if w.proc.returncode and not view.errors:
+            detail = w.stderr[-1] if w.stderr else f"exit status {w.proc.returncode}"
+            failure.append(f"{w.host} ({', '.join(w.roles)}): {detail}")
+    failure += view.errors
+    _summary(con, ch, boss, view)
+    if failure:
+        raise DemoError(failure[0])
 
 
 def _follow(
@@ -309,7 +391,6 @@ def _follow(
     events: queue.Queue[dict[str, Any]],
     workers: list[Worker],
     lead: threading.Thread,
-    con: Console,
 ) -> None:
     """Print the stream and the events until every agent has finished (or the run times out)."""
     r = ch.bus.redis
@@ -319,17 +400,14 @@ def _follow(
         finished = not lead.is_alive() and all(w.done() for w in workers)
         batch = r.xread({ch.keys.stream: last}, count=100, block=None if finished else 50)
         last = _show(ch, view, batch, last)
-        if not events.empty():
-            pending = []
-            while not events.empty():
-                pending.append(events.get_nowait())
-            # what reached the stream before these events were reported goes first
-            last = _show(ch, view, r.xread({ch.keys.stream: last}, count=100), last)
-            for e in pending:
-                view.event(e)
+        while not events.empty():
+            view.event(events.get_nowait())
         if finished and not batch:
+            view.flush()
             return
+        view.flush(view.now_ms() - HOLD_MS)
         if time.monotonic() > deadline:
+            view.flush()
             view.errors.append(f"the production did not finish within {RUN_TIMEOUT_S:g} s")
             return
 

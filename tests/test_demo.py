@@ -63,6 +63,9 @@ def test_demo_with_no_redis_configured_runs_the_whole_production() -> None:
         out,
     )
     assert "Traceback" not in out + p.stderr
+    # the transcript reads in time order: messages and the workers' reports alike
+    stamps = [float(t) for t in re.findall(r"^\s*(\d+\.\d+)s ", out, re.MULTILINE)]
+    assert len(stamps) >= 20 and stamps == sorted(stamps)
 
 
 def test_demo_uses_the_configured_redis_with_two_processes(redis_url: str) -> None:
