@@ -18,16 +18,15 @@ agent has not read yet and marks them read (``--done``: done), so the next ``wai
 The commands live in ``_cli_talk`` (join, send, read, list, wait, done, receipt, discover),
 ``_cli_life`` (complete, fail, cancel, remove, delete), ``_cli_ops`` (tail, agents, stats, pause,
 resume, dlq, redis, demo), ``_cli_doctor`` (doctor),
-``_cli_daemons`` (exporter, janitor), ``_cli_repair`` (repair, acl, keygen) and ``_cli_a2a``
-(a2a); ``mcp`` is a typer command like the others (``integrations.mcp._command``) that imports
-the MCP SDK only when it runs, as ``a2a`` imports the A2A SDK. Commands owned by other modules
-(``console``) are listed in ``PLUGINS``: each such module provides
-``main(argv: list[str]) -> int`` and is imported only when its command runs.
+``_cli_daemons`` (exporter, janitor), ``_cli_repair`` (repair, acl, keygen), ``_cli_console``
+(console) and ``_cli_a2a`` (a2a); ``mcp`` is a typer command like the others
+(``integrations.mcp._command``). The commands of optional extras import them only when they run
+(``console`` its web app, ``mcp`` the MCP SDK, ``a2a`` the A2A SDK), so ``redisbus --help``
+and the other commands work without them.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from rich.text import Text
 from . import (  # noqa: F401 - they register commands
     __version__,
     _cli_a2a,
+    _cli_console,
     _cli_daemons,
     _cli_doctor,
     _cli_life,
@@ -53,7 +53,7 @@ from ._cli_view import message_text, receipt_table, refusal_text
 from ._errors import BusConnectionError, InvalidInput, RedisbusError
 from .integrations.mcp import _command as _mcp_command
 
-__all__ = ["PLUGINS", "app", "main", "message_text", "receipt_table"]
+__all__ = ["app", "main", "message_text", "receipt_table"]
 
 
 @app.callback(invoke_without_command=True)
@@ -68,43 +68,6 @@ def _root(
         sys.stdout.write(ctx.get_help() + "\n")
         raise typer.Exit(0)
 
-
-# -- subcommands from other modules -------------------------------------------------------------
-
-# Commands that live in other modules, each of which provides ``main(argv: list[str]) -> int``.
-# They are imported only when their command runs, so a one-shot `redisbus send` stays fast and
-# a missing optional dependency (the `mcp` SDK) breaks only its own command.
-PLUGINS: dict[str, tuple[str, str]] = {
-    "console": ("redisbus.console", "Live web console of the channels in a browser."),
-}
-
-
-def _plugin(name: str, module: str, summary: str) -> None:
-    def command(ctx: typer.Context) -> None:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            extra = "" if (e.name or "").startswith("redisbus") else f" (missing {e.name})"
-            raise Exit(f"`redisbus {name}` is not available yet: no {module}{extra}", 1) from e
-        entry = getattr(mod, "main", None)
-        if entry is None:
-            raise Exit(f"`redisbus {name}` is not available yet: {module} has no main()", 1)
-        status = entry(list(ctx.args))
-        raise typer.Exit(int(status or 0))
-
-    command.__doc__ = f"{summary} (`redisbus {name} --help` for its options)"
-    app.command(
-        name,
-        context_settings={
-            "ignore_unknown_options": True,
-            "allow_extra_args": True,
-            "help_option_names": [],
-        },
-    )(command)
-
-
-for _name, (_module, _summary) in PLUGINS.items():
-    _plugin(_name, _module, _summary)
 
 _mcp_command.register(app)  # typer options; the MCP SDK is imported only when it runs
 

@@ -5,6 +5,7 @@ are safe (loopback, read-only)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -16,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from redisbus.console import main, parser
+from redisbus.cli import main
 from tests.servers import Server
 from tests.test_console import TOKEN, Film, console, film
 
@@ -220,17 +221,24 @@ def test_pages_forbid_inline_scripts_and_foreign_hosts(read_only: str) -> None:
 
 
 def test_defaults_are_loopback_and_read_only_and_bad_options_are_refused(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for var in ("REDISBUS_CONSOLE_HOST", "REDISBUS_CONSOLE_TOKEN"):
         monkeypatch.delenv(var, raising=False)
-    args = parser().parse_args([])
-    assert (args.host, args.token) == ("127.0.0.1", None)
-    monkeypatch.setenv("REDISBUS_CONSOLE_TOKEN", "from-the-environment")
-    assert parser().parse_args([]).token == "from-the-environment"
-    assert main(["--token", "short"]) == 2
-    assert main(["--messages", "0"]) == 2
-    assert main(["--stuck-after", "-1"]) == 2
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["console", "--help"])
+    text = capsys.readouterr().out
+    assert re.search(r"--host\s.*\[default: 127\.0\.0\.1\]", text, re.DOTALL)
+    assert "read-only without a token" in text
+    for bad in (["--token", "short"], ["--messages", "0"], ["--stuck-after", "-1"]):
+        with pytest.raises(SystemExit) as done:
+            main(["console", "--url", "redis://127.0.0.1:1/0", *bad])
+        assert done.value.code == 2, bad
+    monkeypatch.setenv("REDISBUS_CONSOLE_TOKEN", "short")  # the variable is the option's
+    with pytest.raises(SystemExit) as done:
+        main(["console", "--url", "redis://127.0.0.1:1/0"])
+    assert done.value.code == 2
 
 
 def test_the_cli_lists_and_runs_the_console_command() -> None:

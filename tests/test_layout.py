@@ -38,6 +38,7 @@ LAZY_OK: dict[str, str] = {
     "redisbus.exporter": "heavy (prometheus_client, the fleet reader): only its commands",
     "redisbus.integrations.mcp._server": "optional: the MCP SDK, only when `redisbus mcp` runs",
     "redisbus.integrations.a2a": "optional: the A2A SDK, only when `redisbus a2a` runs",
+    "redisbus.console": "optional: starlette and uvicorn, only when `redisbus console` runs",
     "opentelemetry": "optional: the otel extra, looked up once when a bus is made",
     "redisbus._trust": "optional: cryptography (the signing extra), only with per-host keys",
     "httpx": "optional: the a2a extra's HTTP client, only when `redisbus a2a --external` runs",

@@ -48,6 +48,74 @@ def test_flags_show_no_value_placeholder_in_help(
         assert re.search(r"--agents-procs\s+<int range>", text)  # values keep theirs
 
 
+# -- redisbus console -----------------------------------------------------------------------
+
+
+def test_console_help_is_the_cli_s_own_with_its_variables(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+
+    text = help_of(capsys, "console")
+
+    for option, variable in [
+        ("--token", "REDISBUS_CONSOLE_TOKEN"),
+        ("--port", "REDISBUS_CONSOLE_PORT"),
+        ("--host", "REDISBUS_CONSOLE_HOST"),
+        ("--url", "REDISBUS_URL"),
+    ]:
+        assert option in text and f"env var: {variable}" in text
+    assert "127.0.0.1" in text and "8484" in text
+    assert "usage: redisbus console [-h]" not in text  # argparse's
+    assert "<bool>" not in text
+
+
+def test_console_options_complete_in_the_shell() -> None:
+    env = clean_env(
+        None,
+        _REDISBUS_COMPLETE="complete_bash",
+        COMP_WORDS="redisbus console --",
+        COMP_CWORD="2",
+    )
+
+    got = subprocess.run([BIN], capture_output=True, text=True, timeout=60, env=env)
+
+    offered = got.stdout.split()
+    assert {"--token", "--port", "--host", "--url", "--stuck-after"} <= set(offered), got
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "said"),
+    [
+        (["--token", "short"], {}, "--token"),
+        ([], {"REDISBUS_CONSOLE_TOKEN": "short"}, "--token"),
+        (["--messages", "0"], {}, "--messages"),
+        (["--stuck-after", "-1"], {}, "--stuck-after"),
+        (["--port", "70000"], {}, "--port"),
+    ],
+)
+def test_console_refuses_bad_options_with_one_line_and_exit_2(
+    args: list[str],
+    env: dict[str, str],
+    said: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in [v for v in os.environ if v.startswith("REDISBUS_")]:
+        monkeypatch.delenv(var)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+
+    with pytest.raises(SystemExit) as done:
+        main(["console", "--url", "redis://127.0.0.1:1/0", *args])
+
+    assert done.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    # one line, as every command says a failure
+    assert len(lines) == 1 and lines[0].startswith("redisbus: ") and said in lines[0], lines
+    assert "console on http" not in lines[0]
+
+
 # -- the demo's transcript ------------------------------------------------------------------
 
 

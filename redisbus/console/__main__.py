@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from ..cli import main
 
-sys.exit(main())
+main(["console", *sys.argv[1:]])
