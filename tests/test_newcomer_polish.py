@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -247,3 +248,25 @@ def test_ctrl_c_ends_the_demo_within_a_second_and_leaves_nothing_running(whom: s
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# -- install instructions and metadata --------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_hermes_readme_installs_from_a_checkout_or_a_wheel_not_from_pypi() -> None:
+    readme = (ROOT / "redisbus/integrations/hermes/README.md").read_text()
+
+    commands = re.findall(r"^pip install .*$", readme, re.MULTILINE)
+    assert commands
+    assert not [c for c in commands if re.match(r"pip install '?redisbus\b", c)], commands
+    assert "pip install . hermes-agent" in readme and "dist/redisbus-" in readme
+
+
+def test_the_package_names_its_documentation_where_mkdocs_publishes_it() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    site = re.search(r"^site_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+
+    assert site is not None
+    assert site.group(1).startswith(project["urls"]["Documentation"].rstrip("/") + "/")
