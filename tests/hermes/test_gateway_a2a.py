@@ -432,12 +432,6 @@ def test_wrong_or_missing_tokens_get_401_on_both_sides(
     assert proc.returncode == 2 and len(lines) == 1 and "404" in lines[0], proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="redisbus/integrations/a2a/_outbound.py (Forwarder._forward) puts str() of the "
-    "a2a-sdk error in the reply and the log: httpx's 401 message has a second line ('For more "
-    "information check: ...')",
-)
 def test_a_token_the_gateway_refuses_is_reported_in_one_line(
     gateway: Gateway, bus: Bus, redis_url: str, tmp_path: Path
 ) -> None:

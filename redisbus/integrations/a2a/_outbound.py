@@ -263,9 +263,10 @@ class Forwarder:
                 ok, text = await self._ask(s.client, request, deadline)
             if ok and not text.strip():
                 ok, text = False, "the A2A agent returned an empty answer"
-        except Exception as e:  # an unreachable or broken agent: the sender hears of it
-            log.warning("redisbus a2a: %s failed on %s: %s", s.agent.name, m.id, e)
-            ok, text = False, f"the A2A agent could not be reached: {type(e).__name__}: {e}"
+        except Exception as e:  # an unreachable, refusing or broken agent: the sender hears
+            why = _one_line(e)
+            log.warning("redisbus a2a: %s failed on %s: %s", s.agent.name, m.id, why)
+            ok, text = False, f"the A2A agent {why}"
         reply_type = "response" if ok else "status_update"
         sent = await self._reply(s.agent, m, text, reply_type)
         outcome = ("replied" if ok else "failed") if sent else "reply refused"
@@ -320,3 +321,30 @@ class Forwarder:
                 await run
         for http in self._clients:
             await http.aclose()
+
+
+def _one_line(e: BaseException) -> str:
+    """What went wrong with an external agent, in one line: a refusal names its HTTP status
+    (the agent was reached: a 401 is a token it does not take), anything else its first line."""
+    status = _http_status(e)
+    if status is not None:
+        return f"refused the request: HTTP {status}"
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"could not be reached: {type(e).__name__}: {first}"
+
+
+def _http_status(e: BaseException) -> str | None:
+    """ "401 Unauthorized from URL": the HTTP status of an httpx error in ``e`` or in what
+    caused it, else None."""
+    seen: BaseException | None = e
+    for _ in range(5):
+        if seen is None:
+            return None
+        response = getattr(seen, "response", None)
+        code = getattr(response, "status_code", None)
+        if isinstance(code, int):
+            reason = getattr(response, "reason_phrase", "") or ""
+            url = getattr(getattr(response, "request", None), "url", "") or ""
+            return f"{code} {reason} from {url}".replace("  ", " ")
+        seen = seen.__cause__ or seen.__context__
+    return None
