@@ -175,3 +175,29 @@ def test_messages_only_ever_read_dead_letter_too(redis_url: str, face: str) -> N
         assert [d.original_id for d in ch.dead_letters()] == [mid]
     finally:
         bus.close()
+
+
+def test_a_cancelled_agents_replica_is_handed_nothing_more(redis_url: str, face: str) -> None:
+    # given: child c with two replicas (two buses); a message to c handed to the first and
+    # never done; then the parent cancels c and the first replica takes the cancel
+    bus1, bus2 = make(face, redis_url), make(face, redis_url)
+    try:
+        ch1 = bus1.channel("lapsed", routing="family", lease_s=0.3, **BIG)
+        parent = ch1.join("lead")
+        c1 = ch1.join("c", parent="lead")
+        c2 = bus2.channel("lapsed").join("c", parent="lead")
+        parent.send("c", "work")
+        assert [m.body for m in c1.wait(timeout=5).messages] == ["work"]
+        parent.cancel("c")
+        assert c1.wait(timeout=5).kind == "cancelled"
+
+        # when: the message's lease runs out and the second replica waits
+        time.sleep(0.4)
+        res = c2.wait(timeout=2)
+
+        # then: it is told the agent was cancelled, and the message is not handed out again
+        assert (res.kind, res.messages) == ("cancelled", [])
+        assert c2.wait(timeout=2).kind == "cancelled"
+    finally:
+        bus1.close()
+        bus2.close()

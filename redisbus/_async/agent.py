@@ -342,6 +342,8 @@ class AsyncAgent(AgentState):
         claimed = await self._redeliver(own=False)
         if claimed:
             return self._result(claimed)
+        if self._cancelled:  # claim.lua found the agent ended (another replica was woken)
+            return WaitResult("cancelled", [])
         released = False
         try:
             while True:
@@ -452,7 +454,7 @@ class AsyncAgent(AgentState):
         if lapsed:
             self._last_claim = now
         k = self._keys
-        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta]
+        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta, k.status]
         argv: builtins.list[Any] = [
             self.name,
             self.replica,
@@ -464,7 +466,10 @@ class AsyncAgent(AgentState):
         out: builtins.list[Message] = []
         while True:
             calls = [*self._settle_calls(), ("claim", keys, [*argv, *self._handed])]
-            claimed, dead, resume, now_ms = (await self._bus._io.scripts(calls))[-1]
+            claimed, dead, resume, now_ms, *status = (await self._bus._io.scripts(calls))[-1]
+            if status and status[0] in ENDED:  # (claim.lua handed nothing)
+                self._cancelled = True
+                return out
             self._deferred.clear()
             if int(dead):
                 self._bus.metrics.dead_lettered(int(dead))

@@ -337,6 +337,8 @@ class Agent(AgentState):
         claimed = self._redeliver(own=False)
         if claimed:
             return self._result(claimed)
+        if self._cancelled:  # claim.lua found the agent ended (another replica was woken)
+            return WaitResult("cancelled", [])
         released = False
         try:
             while True:
@@ -447,7 +449,7 @@ class Agent(AgentState):
         if lapsed:
             self._last_claim = now
         k = self._keys
-        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta]
+        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta, k.status]
         argv: builtins.list[Any] = [
             self.name,
             self.replica,
@@ -459,7 +461,10 @@ class Agent(AgentState):
         out: builtins.list[Message] = []
         while True:
             calls = [*self._settle_calls(), ("claim", keys, [*argv, *self._handed])]
-            claimed, dead, resume, now_ms = (self._bus._io.scripts(calls))[-1]
+            claimed, dead, resume, now_ms, *status = (self._bus._io.scripts(calls))[-1]
+            if status and status[0] in ENDED:  # (claim.lua handed nothing)
+                self._cancelled = True
+                return out
             self._deferred.clear()
             if int(dead):
                 self._bus.metrics.dead_lettered(int(dead))

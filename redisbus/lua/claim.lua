@@ -5,6 +5,7 @@
 -- lease ran out, on another replica or on this one.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] dlq  KEYS[5] rate  KEYS[6] meta
+-- KEYS[7] status (optional): an agent that ended (failed, cancelled, lost) is handed nothing
 -- ARGV[1] agent (its group)  ARGV[2] consumer (this replica)  ARGV[3] lease (ms, min idle)
 -- ARGV[4] max deliveries
 -- ARGV[5] count: at most this many entries whose lease ran out are examined (0: none)
@@ -13,7 +14,7 @@
 -- ARGV[7..] ids this replica holds (returned to its caller, not done): not handed out as its
 --         own, so their lease keeps running (they come back once it ran out, as any entry)
 --
--- returns {claimed, dead, resume, now_ms}: claimed = {{id, {field, value...}, deliveries}, ...} now
+-- returns {claimed, dead, resume, now_ms[, status]}: status (with KEYS[7]) the agent's; claimed = {{id, {field, value...}, deliveries}, ...} now
 -- owned by this replica; dead = number of entries moved to the dead-letter stream; resume =
 -- the id to pass as ARGV[6] next to go on through the own pending list, or "" at its end;
 -- now_ms = the Redis clock
@@ -32,6 +33,10 @@ local stream, inbox, marks, dlq, rate, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local agent, consumer, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local max_deliveries, count, own = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] or ''
 local now = now_ms()
+if KEYS[7] then -- an agent that ended takes nothing more: its replicas' wait() says so
+  local st = redis.call('HGET', KEYS[7], agent)
+  if st == 'failed' or st == 'cancelled' or st == 'lost' then return {{}, 0, '', now, st} end
+end
 local held = {}
 for i = 7, #ARGV do held[ARGV[i]] = true end
 
