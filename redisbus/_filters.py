@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from ._errors import InvalidInput
 
-_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+ENTRY_ID = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")  # ASCII digits: \d takes any script's
 _TERMS = "unread, all, to:me, to:NAME, from:NAME, subject:TEXT, after:MESSAGE_ID"
 MAX_FILTER_CHARS = 1024
 
@@ -30,7 +30,7 @@ class Filter:
 
 
 def check_entry_id(value: object, what: str = "message id") -> str:
-    if not isinstance(value, str) or not _ID.match(value):
+    if not isinstance(value, str) or not ENTRY_ID.match(value):
         raise InvalidInput(f"{what} must look like '1700000000000-0', got {value!r}")
     ms, _, seq = value.partition("-")
     if int(ms) >= 2**64 or int(seq) >= 2**64:
@@ -88,7 +88,7 @@ def parse_since(since: object) -> str | None:
     if isinstance(since, datetime):
         dt = since
     elif isinstance(since, str):
-        if _ID.match(since):
+        if ENTRY_ID.match(since):
             return check_entry_id(since, "since")
         text = since.strip()
         try:

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _validate as check
-from ._filters import Filter, later_id, parse_filter, parse_since
+from ._filters import ENTRY_ID, Filter, later_id, parse_filter, parse_since
 from ._model import (
     _EPOCH,
     Message,
@@ -25,7 +25,6 @@ from ._signing import Signer
 
 
 _DIGITS = re.compile(r"[0-9]{1,18}")
-_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 #: The longest ttl a message may carry (send() refuses more): past it, a raw write
 _MAX_TTL_S = 1e9
 
@@ -61,7 +60,7 @@ def malformed(f: Mapping[str, str]) -> str:
         return "ttl is not a positive number"
     for k in ("r", "u"):
         v = get(k)
-        if v and not _ENTRY_ID.fullmatch(v):
+        if v and not ENTRY_ID.match(v):
             return f"field {k} is not an entry id"
     a = get("a")
     if a is not None and a not in ("0", "1"):
