@@ -265,7 +265,7 @@ def take_consumer(bus: Any, stream: str, agent: str, replica: str, *, exact: boo
         while name in taken and not exact:
             n += 1
             name = f"{replica}#{n}"
-        taken[name] = id(bus)
+        taken.setdefault(name, id(bus))  # (an exact name another handle holds stays its)
     if n > 1:
         log.info(
             "redisbus: %s already has a handle in this process as %s; this one serves it as %s",
