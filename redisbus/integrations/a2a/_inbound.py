@@ -218,7 +218,7 @@ class BusRequestHandler(RequestHandler):
                         subject=subject,
                         type="request",
                         reply_to=reply_to,
-                        ttl_s=ttl_s,
+                        ttl_s=ttl_s,  # type: ignore[arg-type]  # any JSON value: send() refuses a non-number (InvalidInput)
                     )
         except RedisbusError as e:
             raise refusal(e) from e
