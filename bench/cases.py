@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.synchronize import Event
-from typing import Any
+from typing import Any, cast
 
 from bench.baselines import (
     SUBJECT,
@@ -266,7 +266,9 @@ def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
         stream = receiver._keys.stream
         r = ctx.client()
         try:
-            ((_, fields),) = r.xrange(stream, first[0].id, first[0].id)
+            ((_, fields),) = cast(  # a client that leaves replies as bytes
+                list[tuple[bytes, dict[bytes, bytes]]], r.xrange(stream, first[0].id, first[0].id)
+            )
         finally:
             r.close()
         body_key = next(k for k, v in fields.items() if v == b"template")

@@ -173,7 +173,7 @@ class RoundTrips:
 
         lane_write: Callable[..., None] = lanes._sendall
 
-        def lane_counted(sock: Any, data: bytes) -> None:
+        def lane_counted(sock: Any, data: Any, flags: int = 0) -> None:
             self.count += 1
             if self.names:
                 self.commands.update(command_names(bytes(data)))

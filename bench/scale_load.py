@@ -25,7 +25,7 @@ from bench.common import RoundTrips, body
 from bench.shards import NodeDelta, Topology, data_command, deltas, snapshot
 
 #: The load's settings: heartbeats out of the window.
-QUIET = {"heartbeat_s": 3600.0, "agent_lease_s": 7200.0}
+QUIET: dict[str, Any] = {"heartbeat_s": 3600.0, "agent_lease_s": 7200.0}
 
 
 def turn(fleet: list[list[Any]], step: int, text: str, timeout: float = 5.0) -> None:

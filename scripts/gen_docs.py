@@ -202,6 +202,7 @@ def errors() -> str:
         rows.append(
             f"| {indent}`{cls.__name__}` | {parents} | `{code}` | {_cell(when)} | {carries} |"
         )
+        sub: type
         for sub in sorted(cls.__subclasses__(), key=lambda c: order.get(c.__name__, len(order))):
             walk(sub, depth + 1)
 

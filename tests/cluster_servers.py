@@ -520,6 +520,8 @@ def bus_on(url: str, face: str, *, cluster: bool = False) -> Iterator[Any]:
     from redisbus import AsyncBus, Bus
     from tests.conftest import Synced, settings
 
+    b: Any  # a Bus, or an AsyncBus behind Synced
+
     if face == "sync":
         with Bus.from_url(url, cluster=cluster, settings=settings()) as b:
             yield b

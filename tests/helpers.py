@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -29,7 +29,8 @@ def stream_inbox_counts(client: redis.Redis, channel: Any) -> dict[str, int]:
     k = channel.keys
     marks = client.hgetall(k.marks)
     counts: dict[str, int] = {}
-    for entry_id, f in client.xrange(k.stream):
+    # the client decodes replies (decode_responses=True)
+    for entry_id, f in cast(list[tuple[str, dict[str, str]]], client.xrange(k.stream)):
         for name in f.get("t", "").split("\n"):
             if not name:
                 continue

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from redisbus import Agent, Bus, BusSettings, Message
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 def span_json(span: Any) -> dict[str, Any]:

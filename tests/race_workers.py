@@ -57,7 +57,9 @@ def send_alternating(
     ids: dict[str, list[str]] = {name: [] for name in to}
     for i in range(n):
         name = to[i % len(to)]
-        ids[name].append(agent.send(name, f"{sender}-{i}").id)
+        receipt = agent.send(name, f"{sender}-{i}")
+        assert receipt.id is not None
+        ids[name].append(receipt.id)
     bus.close()
     out.put(ids)
 
@@ -70,7 +72,8 @@ def take_until_quiet(
     bus = Bus.from_url(url, settings=BusSettings(metrics=False, replica=f"r-{time.time_ns()}"))
     agent = bus.channel(channel).join(agent_name)
     barrier.wait()
-    start, quiet, got = time.monotonic(), 0, []
+    got: list[str] = []
+    start, quiet = time.monotonic(), 0
     while time.monotonic() - start < min_s or quiet < 3:
         msgs = agent.wait(timeout=0.3).messages
         quiet = 0 if msgs else quiet + 1
@@ -81,7 +84,12 @@ def take_until_quiet(
     out.put({"replica": True, "got": got})
 
 
-def role(send: Any, serve: Any, barrier: Barrier, out: Queue[Any]) -> None:
+def role(
+    send: tuple[str, str, str, list[str], int] | None,
+    serve: tuple[str, str, str, float],
+    barrier: Barrier,
+    out: Queue[Any],
+) -> None:
     """A sender (``send``: send_alternating's arguments) or a replica (``serve``)."""
     if send is not None:
         send_alternating(*send, barrier, out)

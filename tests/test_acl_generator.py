@@ -7,6 +7,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -16,7 +17,7 @@ from redisbus._acl import AGENT_COMMANDS, acl_user
 from redisbus.cli import main
 from tests.deploy_support import REDIS_DIR, run_redis
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 @pytest.fixture(scope="module")

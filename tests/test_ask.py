@@ -10,7 +10,7 @@ import pytest
 
 from redisbus import AskTimeout, InvalidInput, RedisbusError, UnknownAgent
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 def responder(bus: Any, chan: str, *, unrelated_first: bool = True) -> threading.Thread:

@@ -26,7 +26,7 @@ from redisbus.metrics import BusMetrics
 
 pytest_plugins = ["tests.cluster_servers"]
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 _turn = itertools.count()
 
 

@@ -25,7 +25,7 @@ from redisbus import (
 )
 from tests.helpers import channel_state
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 def team(bus: Any, name: str, **limits: Any) -> tuple[Any, Any, Any, Any]:

@@ -23,7 +23,7 @@ from tests.servers import Server
 pytest_plugins = ["tests.cluster_servers"]
 
 LEASE = 1.0
-FAST = {"pair_rate_burst": 0, "sender_rate_burst": 0, "inbox_cap": 10**6}
+FAST: dict[str, Any] = {"pair_rate_burst": 0, "sender_rate_burst": 0, "inbox_cap": 10**6}
 
 
 @pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 import redis
@@ -25,8 +26,8 @@ from redisbus import (
 from tests.servers import Server, wait_for
 
 # rates and caps out of the way: these tests are about delivery, not limits
-FAST = {"pair_rate_burst": 0, "sender_rate_burst": 0, "inbox_cap": 10**6}
-QUIET = {"heartbeat_s": 300.0}  # no heartbeat traffic while commands are counted
+FAST: dict[str, Any] = {"pair_rate_burst": 0, "sender_rate_burst": 0, "inbox_cap": 10**6}
+QUIET: dict[str, Any] = {"heartbeat_s": 300.0}  # no heartbeat traffic while commands are counted
 
 
 @pytest.fixture(params=["redis7", "redis62"])
@@ -305,7 +306,9 @@ def test_replicas_not_seen_for_long_leave_the_heartbeat_hash(
     # 50 replicas that beat long ago and went away (restarts with per-process names)
     stale = {f"a\ngone-{i}": 1 for i in range(50)}
     r.hset(ch.keys.beat, mapping=stale)
-    replicas = lambda: [k for k in r.hkeys(ch.keys.beat) if not k.startswith("\n")]  # noqa: E731
+    replicas: Callable[[], list[str]] = lambda: [  # noqa: E731
+        k for k in cast(list[str], r.hkeys(ch.keys.beat)) if not k.startswith("\n")
+    ]
     # (beat.lua's own "\n#judged" field stays: when a beat of the channel last ran)
     assert wait_for(lambda: replicas() == ["a\nlive"], 5), r.hkeys(ch.keys.beat)
     assert ch.members()["a"].status != "lost"
@@ -318,7 +321,7 @@ def test_every_call_after_close_raises_bus_closed(make_bus: Any, chan_name: str)
     ch = bus.channel(chan_name, **FAST)
     a, b = ch.join("a"), ch.join("b")
     bus.close()
-    calls = [
+    calls: list[Callable[[], object]] = [
         lambda: bus.channel(chan_name),
         lambda: ch.join("c"),
         lambda: a.send("b", "after close"),

@@ -25,7 +25,7 @@ from redisbus import (
 )
 from tests.servers import Server
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 def family(bus: Any, name: str, siblings: bool = False, **limits: Any) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from tests.servers import Server, start_server  # noqa: E402
 pytest_plugins = ["tests.cluster_servers"]
 
 HEARTBEAT_S, LEASE_S = 0.2, 1.0
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 LIVE = {"heartbeat_s": HEARTBEAT_S, "agent_lease_s": LEASE_S}
 OUTAGE_S = 2.5 * LEASE_S  # the point: longer than the lease
 FAILOVER_MS = 2000  # Sentinel down-after, Cluster node timeout: longer than the lease

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
 from redisbus import Bus, BusSettings, CircuitOpen, LoopRefused
 from tests.servers import Server
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 def fresh(server: Server) -> Bus:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from redisbus import Bus, BusSettings
 from tests.servers import Server
 
-FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
+FAST: dict[str, Any] = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
 
 
 def test_a_joined_replica_has_the_agent_lease_not_the_message_lease(redis7: Server) -> None:

@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -311,7 +311,9 @@ class LifecycleModel(RuleBasedStateMachine):
     def discover(self) -> dict[str, dict[str, str]]:
         """Scan the stream: outcome and control entries become copies of the model; every
         other entry must be one the model sent."""
-        entries = {eid: f for eid, f in self.r().xrange(self.k.stream)}
+        # the client decodes replies (decode_responses=True)
+        stream = cast(list[tuple[str, dict[str, str]]], self.r().xrange(self.k.stream))
+        entries = {eid: f for eid, f in stream}
         for eid, f in entries.items():
             kind = f.get("k", "message")
             if eid in self.known_ids:
@@ -406,7 +408,8 @@ class LifecycleModel(RuleBasedStateMachine):
     def join_ended(self, data: st.DataObject) -> None:
         """An ended agent takes no new replica."""
         agent = data.draw(st.sampled_from(sorted(a for a, s in self.status.items() if s in ENDED)))
-        p = data.draw(st.sampled_from(self.alive_procs() or [None]))
+        procs: list[str | None] = [*self.alive_procs()]
+        p = data.draw(st.sampled_from(procs or [None]))
         if p is None:
             return
         self.step("join_ended", agent, p)
@@ -449,7 +452,7 @@ class LifecycleModel(RuleBasedStateMachine):
         out = self.call(h, op="wait", timeout=timeout)
         t3 = time.monotonic()
         assert "ok" in out, out
-        got = out["ok"]
+        got: dict[str, Any] = out["ok"]
         self.take(h, got["messages"], t0, t3)
         if ended:
             # a cancel reaches every replica, and every later wait() too
@@ -555,7 +558,7 @@ class LifecycleModel(RuleBasedStateMachine):
         out = self.call(h, op="complete", text=f"done {agent}")
         if before == "open":
             assert "ok" in out, out
-            want = self.parent[agent] is not None and self.status[self.parent[agent]] in (
+            want = (parent := self.parent[agent]) is not None and self.status[parent] in (
                 "open",
                 "completed",
             )
@@ -733,6 +736,7 @@ class LifecycleModel(RuleBasedStateMachine):
         r = self.r()
         used = int(r.info("memory")["used_memory"])
         before = r.config_get("maxmemory")["maxmemory"]
+        assert before is not None
         r.config_set("maxmemory", max(1, used // 2))
         try:
             senders = [
@@ -853,7 +857,7 @@ class LifecycleModel(RuleBasedStateMachine):
 
     def compare(self) -> None:
         self.discover()
-        real = self.r().hgetall(self.k.status)
+        real = cast(dict[str, str], self.r().hgetall(self.k.status))
         for a, s in self.status.items():
             if s == "open":
                 assert real.get(a) in OPEN, f"{a} is open in the model, {real.get(a)} in Redis"

@@ -52,7 +52,7 @@ from tests.prometheus_fixture import (
 from tests.servers import start_server
 from tests.test_deploy_restart import OLD_DEFAULT_USER, ShippedRedis
 
-FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0}
+FAST: dict[str, Any] = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0}
 RUNBOOK = "https://redisbus.readthedocs.io/en/latest/runbook/#"
 
 

@@ -13,7 +13,7 @@ from redisbus import AsyncBus, Bus, BusSettings
 from redisbus.cli import main
 from tests.servers import Server
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 
 
 def busy_channel(bus: Bus, name: str) -> Any:

@@ -23,7 +23,7 @@ from tests.servers import Server
 #: Small limits, so that a batch runs into every one of them; refills too slow to matter. A
 #: pair's burst is below the inbox cap (so a pair's bucket runs dry before the recipient's inbox
 #: fills), and boss's inbox starts one short of full (so it fills first).
-TIGHT = {
+TIGHT: dict[str, Any] = {
     "routing": "family",
     "inbox_cap": 3,
     "pair_rate_burst": 2,

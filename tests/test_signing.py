@@ -10,7 +10,7 @@ import pytest
 from redisbus import Bus, BusSettings
 from tests.servers import Server
 
-FAST = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
+FAST: dict[str, Any] = {"pair_rate_burst": 1000, "pair_rate_per_s": 1000}
 KEY1 = {"k1": "first-fleet-secret"}
 KEY2 = {"k2": "second-fleet-secret"}
 

@@ -139,7 +139,7 @@ class Conversation:
     def tool_calls(self) -> list[dict[str, Any]]:
         """Tool calls made so far, a ``tool_call`` bridge call read as its underlying call
         (``"via": "tool_call"``)."""
-        out = []
+        out: list[dict[str, Any]] = []
         for call in self.raw_tool_calls:
             if call["name"] == BRIDGE_CALL:
                 out.extend({**inner, "via": BRIDGE_CALL} for inner in unwrap_bridge(call))
@@ -209,7 +209,9 @@ def reply_hello(_request: dict[str, Any]) -> list[Action]:
 # Server-sent events
 
 
-def _chunk(cid: str, created: int, delta: dict[str, Any], finish: str | None = None) -> dict:
+def _chunk(
+    cid: str, created: int, delta: dict[str, Any], finish: str | None = None
+) -> dict[str, Any]:
     return {
         "id": cid,
         "object": "chat.completion.chunk",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from harness import new_agent, run_scenario, tool_search_on
 from stub_model import Action, Conversation, text, tool_call
@@ -96,7 +97,7 @@ def director(c: Conversation) -> list[Action]:
     return [text("Production started; the team is on it.")]
 
 
-def script(request: dict) -> list[Action]:
+def script(request: dict[str, Any]) -> list[Action]:
     c = Conversation(request)
     if not c.is_child:
         return director(c)
@@ -111,7 +112,7 @@ def script(request: dict) -> list[Action]:
     raise AssertionError(f"unexpected child goal {goal!r}")
 
 
-def scenario_seed000() -> dict:
+def scenario_seed000() -> dict[str, Any]:
     from stub_model import StubModel
     from tools.process_registry import process_registry
     from tools.registry import registry
@@ -123,7 +124,7 @@ def scenario_seed000() -> dict:
             next(m["content"] for m in first["messages"] if m.get("role") == "tool")
         )
         deadline = time.monotonic() + 90
-        events: list = []
+        events: list[Any] = []
         while not events and time.monotonic() < deadline:
             events = process_registry.drain_notifications(session_key=agent.session_id)
             time.sleep(0.1)

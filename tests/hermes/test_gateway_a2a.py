@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -293,11 +293,13 @@ def test_a_bus_member_asks_hermes_and_hermes_asks_a_bus_member_in_a_turn_over_60
     port = gateway.bridge.rsplit(":", 1)[1]
     args = ["--channel", chan, "--port", port, "--url", redis_url, "--tokens-file", str(tokens)]
     args += ["--external", f"hermes={gateway.url}", "--external-auth-file", str(auth)]
-    stop, seen = threading.Event(), []
+    stop = threading.Event()
+    seen: list[Any] = []
     bob = serve_bob(bus, chan, stop, seen)
     bridge = Proc.start(bridge_cmd(*args), clean_env(), tmp_path, "bridge")
     try:
-        assert gateway.token not in " ".join(bridge.proc.args)  # tokens never on argv
+        argv = cast(list[str], bridge.proc.args)  # Proc.start's cmd
+        assert gateway.token not in " ".join(argv)  # tokens never on argv
         wait_member(bus, chan, "hermes", bridge)
         alice = bus.channel(chan).join("alice")
         t0 = time.monotonic()
@@ -319,6 +321,7 @@ def test_a_bus_member_asks_hermes_and_hermes_asks_a_bus_member_in_a_turn_over_60
         )
         assert elapsed > 60, elapsed
         assert gateway.script.slow_turns == 1  # the long call was neither retried nor cut
+        assert sent.id is not None
         assert done_result(alice, sent.id) == "replied"
 
         # outbound: the bridge's token named it at the gateway (A2A_PEER_TOKENS)
@@ -389,6 +392,7 @@ def test_wrong_or_missing_tokens_get_401_on_both_sides(
         deadline = time.monotonic() + 30
         while len(replies) < 2 and time.monotonic() < deadline:
             for m in carol.wait(timeout=2).messages:
+                assert m.reply_to is not None, m
                 replies[m.reply_to] = m
         assert set(replies) == set(sent), bridge.logs()
         for mid, m in replies.items():

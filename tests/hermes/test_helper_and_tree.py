@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from harness import new_agent, run_scenario
 from stub_model import Action, Conversation, text, tool_call
@@ -14,7 +15,7 @@ def _sent(c: Conversation, subject: str) -> bool:
     return any(t["arguments"].get("subject") == subject for t in c.tool_calls)
 
 
-def helper_script(request: dict) -> list[Action]:
+def helper_script(request: dict[str, Any]) -> list[Action]:
     c = Conversation(request)
     goal = c.goal or ""
     if "[agent: writer]" in goal:
@@ -42,7 +43,7 @@ def helper_script(request: dict) -> list[Action]:
     return [text("plain child: " + goal)]
 
 
-def scenario_helper(channel_name: str, second_run: bool) -> dict:
+def scenario_helper(channel_name: str, second_run: bool) -> dict[str, Any]:
     from stub_model import StubModel
 
     from redisbus.integrations.hermes import delegate_task, runtime
@@ -108,7 +109,7 @@ def test_helper_runs_seed000_shape_and_board_survives_restart(redis_url: str) ->
 # -- nested orchestrators -------------------------------------------------------------------
 
 
-def tree_script(request: dict) -> list[Action]:
+def tree_script(request: dict[str, Any]) -> list[Action]:
     c = Conversation(request)
     goal = c.goal
     if goal is None:  # the top-level parent
@@ -152,7 +153,7 @@ def tree_script(request: dict) -> list[Action]:
     return [text("drew " + goal)]
 
 
-def scenario_tree() -> dict:
+def scenario_tree() -> dict[str, Any]:
     from gateway.session_context import declare_stateless_channel
     from stub_model import StubModel
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 from harness import run_scenario
@@ -22,7 +23,7 @@ W_SESSION, D_SESSION = "20250101_000001_aaaaaa", "20250101_000001_bbbbbb"
 # -- scenarios (run in the subprocess) --------------------------------------------------
 
 
-def scenario_discovery() -> dict:
+def scenario_discovery() -> dict[str, Any]:
     import model_tools  # noqa: F401  (imports trigger Hermes's plugin discovery)
     from hermes_cli.plugins import get_plugin_manager
     from tools.registry import registry
@@ -41,19 +42,22 @@ def scenario_discovery() -> dict:
     }
 
 
-def _dispatch(name: str, args: dict, task_id: str, session_id: str) -> dict:
+def _dispatch(name: str, args: dict[str, Any], task_id: str, session_id: str) -> dict[str, Any]:
     from model_tools import handle_function_call
 
-    return json.loads(handle_function_call(name, args, task_id=task_id, session_id=session_id))
+    out: dict[str, Any] = json.loads(
+        handle_function_call(name, args, task_id=task_id, session_id=session_id)
+    )
+    return out
 
 
-def scenario_two_subagents() -> dict:
+def scenario_two_subagents() -> dict[str, Any]:
     """Two children joined through Hermes's hooks exchange messages via Hermes's dispatch."""
     import model_tools  # noqa: F401  (plugin discovery, as on any Hermes start)
     from hermes_cli.plugins import invoke_hook
     from tools.registry import registry
 
-    out: dict = {}
+    out: dict[str, Any] = {}
     for sid, sess, goal in (
         (WRITER, W_SESSION, "[agent: writer] Write a 3-minute script"),
         (DESIGNER, D_SESSION, "You are the designer. Design 3 characters"),
@@ -69,13 +73,14 @@ def scenario_two_subagents() -> dict:
             child_goal=goal,
         )
 
-    def call(args: dict, task_id: str, session_id: str) -> dict:
+    def call(args: dict[str, Any], task_id: str, session_id: str) -> dict[str, Any]:
         # the registry's own dispatch, exactly as the agent loop's handle_function_call does
-        return json.loads(
+        reply: dict[str, Any] = json.loads(
             registry.dispatch(
                 "agent_channel", args, task_id=task_id, session_id=session_id, user_task=None
             )
         )
+        return reply
 
     out["send"] = call(
         {
@@ -231,7 +236,7 @@ def test_entry_point_discovered_and_loaded_when_enabled(redis_url: str) -> None:
     ],
 )
 def test_nothing_registered_unless_enabled(
-    config: dict, env: dict, loaded: bool, tool: bool
+    config: dict[str, Any], env: dict[str, Any], loaded: bool, tool: bool
 ) -> None:
     env = {"REDISBUS_URL": "", "REDISBUS_ENABLED": "", **env}
     out = run_scenario(scenario_discovery, config=config, env=env)
@@ -306,7 +311,7 @@ def test_two_subagents_through_hermes_dispatch(redis_url: str) -> None:
     assert tree == {"director": (None, 0), "writer": ("director", 1), "designer": ("director", 1)}
 
 
-def scenario_embedded() -> dict:
+def scenario_embedded() -> dict[str, Any]:
     """No URL anywhere: the plugin starts a private Redis for this Hermes process."""
     import model_tools  # noqa: F401
     from hermes_cli.plugins import invoke_hook

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from typing import Any
 
 from harness import new_agent, run_scenario
-from stub_model import Conversation, StubModel, stream_events, text, tool_call
+from stub_model import Action, Conversation, StubModel, stream_events, text, tool_call
 
 
-def scenario_hello() -> dict:
+def scenario_hello() -> dict[str, Any]:
     from stub_model import StubModel, reply_hello
 
     with StubModel(reply_hello) as stub:
@@ -39,11 +40,11 @@ def test_real_agent_replies_hello_through_the_stub() -> None:
     assert out["errors"] == []
 
 
-def scenario_delegate_two() -> dict:
+def scenario_delegate_two() -> dict[str, Any]:
     """A parent delegates two tasks synchronously; each child answers from its own goal."""
     from gateway.session_context import declare_stateless_channel
 
-    def script(request: dict) -> list:
+    def script(request: dict[str, Any]) -> list[Action]:
         c = Conversation(request)
         if c.is_child:
             return [text(f"done: {c.goal}")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 from harness import new_agent, run_scenario
@@ -28,7 +29,7 @@ def _note(c: Conversation) -> str:
     return first[first.find("[agent_channel]") :] if "[agent_channel]" in first else ""
 
 
-def _as_told(c: Conversation, args: dict) -> Action:
+def _as_told(c: Conversation, args: dict[str, Any]) -> Action:
     """The call the note asks for: through tool_call in the shape it shows, or direct."""
     m = re.search(r"through tool_call, e\.g\. tool_call\((calls|name)=", _note(c))
     if m is None:
@@ -38,7 +39,7 @@ def _as_told(c: Conversation, args: dict) -> Action:
     return tool_call("tool_call", name="agent_channel", arguments=args)
 
 
-def script(request: dict) -> list[Action]:
+def script(request: dict[str, Any]) -> list[Action]:
     c = Conversation(request)
     if not c.is_child:
         if not c.tool_results:
@@ -56,7 +57,7 @@ def script(request: dict) -> list[Action]:
     return [text("reported: " + c.tool_results[-1])]
 
 
-def scenario_child_follows_the_note() -> dict:
+def scenario_child_follows_the_note() -> dict[str, Any]:
     from gateway.session_context import declare_stateless_channel
     from stub_model import StubModel
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from redisbus.integrations.hermes._tool import SCHEMA
         ({"agent_channel": {"url": "redis://y"}}, {"REDISBUS_ENABLED": "off"}, False),
     ],
 )
-def test_enable_switch(cfg: dict, env: dict, enabled: bool) -> None:
+def test_enable_switch(cfg: dict[str, Any], env: dict[str, Any], enabled: bool) -> None:
     assert ChannelConfig.resolve(cfg, env).enabled is enabled
 
 
