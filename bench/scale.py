@@ -71,7 +71,8 @@ class TopologyResult:
 
     def per_msg(self, attr: str) -> float:
         """Median over the load runs of a per-message figure."""
-        return statistics.median(getattr(r, attr) for r in self.runs)
+        values: list[float] = [getattr(r, attr) for r in self.runs]
+        return statistics.median(values)
 
 
 @dataclass

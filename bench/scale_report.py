@@ -198,12 +198,13 @@ def _ops_tables(r: ScaleResult) -> list[str]:
     for op in ops:
         cells = [op]
         for face in ("sync", "async"):
-            w, c = [], []
+            wall: list[str] = []
+            cpu: list[str] = []
             for t in (r.one, r.cluster):
                 o = next(o for o in t.ops if o.op == op and o.face == face and o.shard == 0)
-                w.append(_n(o.wall_us))
-                c.append(_n(o.client_cpu_us))
-            cells += [" / ".join(w), " / ".join(c)]
+                wall.append(_n(o.wall_us))
+                cpu.append(_n(o.client_cpu_us))
+            cells += [" / ".join(wall), " / ".join(cpu)]
         rows.append(cells)
     return lines + _table(head, rows)
 

@@ -13,6 +13,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import redis
@@ -22,7 +23,7 @@ from redisbus.embedded import EmbeddedRedis, free_port
 IN_CI = bool(os.environ.get("CI"))
 
 
-def missing(what: str) -> None:
+def missing(what: str) -> NoReturn:
     """A needed server or tool is absent: fail in CI, skip locally."""
     if IN_CI:
         pytest.fail(f"CI: {what}", pytrace=False)

@@ -149,7 +149,9 @@ def answer_in_thread(agent: Agent, reply: str, delay_s: float = 0.0) -> threadin
 # -- inbound ------------------------------------------------------------------------------------
 
 
-def test_each_member_has_its_card_at_the_well_known_path(bus: Bus, redis_url: str, chan: str):
+def test_each_member_has_its_card_at_the_well_known_path(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     ch = bus.channel(chan)
     ch.join("bob", description="answers questions about trains", skills=["trains", "timetables"])
     srv = bridge(redis_url, chan)
@@ -174,7 +176,7 @@ def test_each_member_has_its_card_at_the_well_known_path(bus: Bus, redis_url: st
 
 def test_send_delivers_from_the_token_identity_and_completes_with_the_reply(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     ch = bus.channel(chan)
     bob = ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -202,7 +204,7 @@ def test_send_delivers_from_the_token_identity_and_completes_with_the_reply(
         srv.stop()
 
 
-def test_stream_follows_the_receipt_until_the_reply(bus: Bus, redis_url: str, chan: str):
+def test_stream_follows_the_receipt_until_the_reply(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan)
     bob = ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -233,7 +235,7 @@ def test_stream_follows_the_receipt_until_the_reply(bus: Bus, redis_url: str, ch
         srv.stop()
 
 
-def test_get_and_cancel_a_task(bus: Bus, redis_url: str, chan: str):
+def test_get_and_cancel_a_task(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan)
     bob = ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -271,7 +273,7 @@ def test_get_and_cancel_a_task(bus: Bus, redis_url: str, chan: str):
 
 def test_rate_limit_and_pause_refuse_as_a2a_errors_and_send_nothing(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     ch = bus.channel(chan, pair_rate_burst=1, pair_rate_per_s=0.01)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -298,7 +300,9 @@ def test_rate_limit_and_pause_refuse_as_a2a_errors_and_send_nothing(
         srv.stop()
 
 
-def test_unknown_member_and_unauthenticated_caller_are_refused(bus: Bus, redis_url: str, chan: str):
+def test_unknown_member_and_unauthenticated_caller_are_refused(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     ch = bus.channel(chan)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -339,7 +343,9 @@ def test_unknown_member_and_unauthenticated_caller_are_refused(bus: Bus, redis_u
         srv.stop()
 
 
-def test_a2a_0_3_method_names_work_on_the_same_endpoint(bus: Bus, redis_url: str, chan: str):
+def test_a2a_0_3_method_names_work_on_the_same_endpoint(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     ch = bus.channel(chan)
     bob = ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -439,7 +445,7 @@ def echo_agent(executor: AgentExecutor | None = None) -> Served:
     return s
 
 
-def test_external_agent_joins_and_answers_with_replies(bus: Bus, redis_url: str, chan: str):
+def test_external_agent_joins_and_answers_with_replies(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan)
     alice = ch.join("alice")
     echo = echo_agent()
@@ -453,6 +459,7 @@ def test_external_agent_joins_and_answers_with_replies(bus: Bus, redis_url: str,
         [reply] = got.messages
         assert (reply.sender, reply.body, reply.reply_to) == ("echo-agent", "echo: ping", r.id)
         assert reply.type == "response"
+        assert r.id is not None
         deadline = time.monotonic() + 5
         while alice.receipt(r.id)[0].status != "done" and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -462,7 +469,7 @@ def test_external_agent_joins_and_answers_with_replies(bus: Bus, redis_url: str,
         echo.stop()
 
 
-def test_external_agents_reply_obeys_the_inbox_cap(bus: Bus, redis_url: str, chan: str):
+def test_external_agents_reply_obeys_the_inbox_cap(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan, inbox_cap=1)
     alice = ch.join("alice")
     carol = ch.join("carol")
@@ -470,6 +477,7 @@ def test_external_agents_reply_obeys_the_inbox_cap(bus: Bus, redis_url: str, cha
     srv = bridge(redis_url, chan, externals=[External(url=echo.url, name="echo")])
     try:
         r = alice.send("echo", "fill your answer in")
+        assert r.id is not None
         carol.send("alice", "alice's inbox is now full")
         deadline = time.monotonic() + 15
         while alice.receipt(r.id)[0].status != "done" and time.monotonic() < deadline:
@@ -483,7 +491,9 @@ def test_external_agents_reply_obeys_the_inbox_cap(bus: Bus, redis_url: str, cha
         echo.stop()
 
 
-def test_inbox_cap_and_chain_depth_refuse_bridged_sends(bus: Bus, redis_url: str, chan: str):
+def test_inbox_cap_and_chain_depth_refuse_bridged_sends(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     ch = bus.channel(chan, inbox_cap=2, max_chain_depth=1)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -509,7 +519,9 @@ def test_inbox_cap_and_chain_depth_refuse_bridged_sends(bus: Bus, redis_url: str
         srv.stop()
 
 
-def test_expired_request_fails_the_task_with_the_reason(bus: Bus, redis_url: str, chan: str):
+def test_expired_request_fails_the_task_with_the_reason(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     ch = bus.channel(chan)
     ch.join("bob")  # never reads
     srv = bridge(redis_url, chan)
@@ -531,7 +543,9 @@ def test_expired_request_fails_the_task_with_the_reason(bus: Bus, redis_url: str
         srv.stop()
 
 
-def test_unreachable_external_agent_is_reported_to_the_sender(bus: Bus, redis_url: str, chan: str):
+def test_unreachable_external_agent_is_reported_to_the_sender(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     ch = bus.channel(chan)
     alice = ch.join("alice")
     echo = echo_agent()
@@ -542,6 +556,7 @@ def test_unreachable_external_agent_is_reported_to_the_sender(bus: Bus, redis_ur
         [reply] = alice.wait(timeout=30).messages
         assert reply.reply_to == r.id and reply.type == "status_update"
         assert reply.body.startswith("the A2A agent could not be reached")
+        assert r.id is not None
         deadline = time.monotonic() + 5
         while alice.receipt(r.id)[0].status != "done" and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -552,7 +567,7 @@ def test_unreachable_external_agent_is_reported_to_the_sender(bus: Bus, redis_ur
 
 def test_done_without_reply_completes_with_the_result_and_tasks_are_listed(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     ch = bus.channel(chan)
     bob = ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -587,7 +602,7 @@ def test_command_refuses_bad_tokens_and_externals(
     from redisbus._cli_run import run_command
 
     def main(argv: list[str]) -> int:
-        return run_command("a2a", argv)
+        return program(a2a, "a2a", argv)
 
     monkeypatch.setenv("REDISBUS_A2A_TOKENS", '["not", "a", "mapping"]')
     assert main(["--channel", "c"]) == 2
@@ -601,7 +616,7 @@ def test_command_refuses_bad_tokens_and_externals(
 
 def test_external_agent_working_in_a_task_answers_with_its_artifact_or_failure(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     ch = bus.channel(chan)
     alice = ch.join("alice")
     worker = echo_agent(Worker())
@@ -625,7 +640,7 @@ def test_external_agent_working_in_a_task_answers_with_its_artifact_or_failure(
 
 def test_command_is_on_the_one_cli_with_env_vars_and_exit_codes(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-):
+) -> None:
     from redisbus.cli import app, main
 
     assert "a2a" in {c.name for c in app.registered_commands}  # a typer command, not a plugin

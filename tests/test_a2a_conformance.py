@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -101,7 +101,7 @@ def _until(pred: Any, timeout: float = 10.0) -> Any:
 
 def test_a_canceled_task_stays_canceled_when_the_member_finishes_it_later(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     bus.channel(chan).join("bob")
     srv = bridge(redis_url, chan)
     try:
@@ -126,7 +126,7 @@ def test_a_canceled_task_stays_canceled_when_the_member_finishes_it_later(
 
 def test_a_message_to_a_finished_task_is_refused_and_sends_nothing(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     ch = bus.channel(chan)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -134,7 +134,7 @@ def test_a_message_to_a_finished_task_is_refused_and_sends_nothing(
         alice = Caller(f"{srv.url}/agents/bob")
         task = alice.task("one job")
         _done(bus, chan)
-        state = lambda: alice.get(task["id"])["result"]["status"]["state"]  # noqa: E731
+        state: Callable[[], str] = lambda: alice.get(task["id"])["result"]["status"]["state"]  # noqa: E731
         assert _until(lambda: state() == "TASK_STATE_COMPLETED")
         follow_up = alice.send("and another thing", taskId=task["id"])
         assert _code(follow_up) == ERR_UNSUPPORTED, follow_up
@@ -143,7 +143,7 @@ def test_a_message_to_a_finished_task_is_refused_and_sends_nothing(
         srv.stop()
 
 
-def test_a_task_id_with_another_context_id_is_refused(bus: Bus, redis_url: str, chan: str):
+def test_a_task_id_with_another_context_id_is_refused(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -164,7 +164,7 @@ def test_a_task_id_with_another_context_id_is_refused(bus: Bus, redis_url: str, 
 # -- 4. SubscribeToTask ---------------------------------------------------------------------
 
 
-def test_subscribing_to_a_finished_task_is_refused(bus: Bus, redis_url: str, chan: str):
+def test_subscribing_to_a_finished_task_is_refused(bus: Bus, redis_url: str, chan: str) -> None:
     bus.channel(chan).join("bob")
     srv = bridge(redis_url, chan)
     try:
@@ -194,7 +194,9 @@ def test_subscribing_to_a_finished_task_is_refused(bus: Bus, redis_url: str, cha
     ],
     ids=["undeclared-media-type", "file-url-of-text", "raw-without-media-type"],
 )
-def test_a_file_part_is_content_type_not_supported(bus: Bus, redis_url: str, chan: str, part: Json):
+def test_a_file_part_is_content_type_not_supported(
+    bus: Bus, redis_url: str, chan: str, part: Json
+) -> None:
     ch = bus.channel(chan)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -210,7 +212,7 @@ def test_a_file_part_is_content_type_not_supported(bus: Bus, redis_url: str, cha
 # -- 6. ListTasks ---------------------------------------------------------------------------
 
 
-def test_list_tasks_filters_pages_and_validates(bus: Bus, redis_url: str, chan: str):
+def test_list_tasks_filters_pages_and_validates(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan, pair_rate_burst=0)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -249,7 +251,9 @@ def test_list_tasks_filters_pages_and_validates(bus: Bus, redis_url: str, chan: 
 # -- 7. historyLength -----------------------------------------------------------------------
 
 
-def test_history_length_limits_the_history_of_get_and_send(bus: Bus, redis_url: str, chan: str):
+def test_history_length_limits_the_history_of_get_and_send(
+    bus: Bus, redis_url: str, chan: str
+) -> None:
     bus.channel(chan).join("bob")
     srv = bridge(redis_url, chan, send_wait_s=0.2)
     try:
@@ -275,7 +279,7 @@ def test_history_length_limits_the_history_of_get_and_send(bus: Bus, redis_url: 
 # -- 8. messageId, stable reads, the card ----------------------------------------------------
 
 
-def test_a_message_without_message_id_is_refused(bus: Bus, redis_url: str, chan: str):
+def test_a_message_without_message_id_is_refused(bus: Bus, redis_url: str, chan: str) -> None:
     ch = bus.channel(chan)
     ch.join("bob")
     srv = bridge(redis_url, chan)
@@ -289,7 +293,7 @@ def test_a_message_without_message_id_is_refused(bus: Bus, redis_url: str, chan:
         srv.stop()
 
 
-def test_reading_a_task_twice_shows_the_same_status(bus: Bus, redis_url: str, chan: str):
+def test_reading_a_task_twice_shows_the_same_status(bus: Bus, redis_url: str, chan: str) -> None:
     bus.channel(chan).join("bob")
     srv = bridge(redis_url, chan)
     try:
@@ -316,7 +320,7 @@ def test_reading_a_task_twice_shows_the_same_status(bus: Bus, redis_url: str, ch
 
 def test_the_card_has_caching_headers_and_0_3_clients_see_its_security(
     bus: Bus, redis_url: str, chan: str
-):
+) -> None:
     bus.channel(chan).join("bob")
     srv = bridge(redis_url, chan)
     try:

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -32,10 +32,12 @@ from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import Part, TaskState
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from redisbus import Bus, BusSettings
+from redisbus.embedded import free_port
 from redisbus.integrations.a2a import External
-from tests.test_a2a import Echo, bridge, echo_agent, free_port
+from tests.test_a2a import Echo, bridge, echo_agent
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-peer-token"
@@ -46,9 +48,10 @@ class Tokened:
     headers (what a Hermes gateway with A2A_PEER_TOKENS would see)."""
 
     def __init__(self, app: Any) -> None:
-        self.app, self.seen = app, []
+        self.app: ASGIApp = app
+        self.seen: list[tuple[str, dict[str, str]]] = []
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
@@ -67,6 +70,7 @@ class Slow(AgentExecutor):
         self.delay_s = delay_s
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None  # the sdk sets them
         await asyncio.sleep(self.delay_s)
         await event_queue.enqueue_event(
             new_task(context.task_id, context.context_id, TaskState.TASK_STATE_SUBMITTED)
@@ -86,6 +90,7 @@ class NotReady(AgentExecutor):
         self.empty, self.calls = empty, 0
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id is not None and context.context_id is not None  # the sdk sets them
         self.calls += 1
         await event_queue.enqueue_event(
             new_task(context.task_id, context.context_id, TaskState.TASK_STATE_SUBMITTED)
@@ -165,7 +170,7 @@ def test_external_token_comes_from_a_file_or_the_environment_never_the_command_l
             wrapped.seen.clear()
             proc = cli(args, {**base, **env})
             try:
-                assert TOKEN not in " ".join(proc.args)
+                assert TOKEN not in " ".join(cast(list[str], proc.args))  # cli()'s argv
                 _wait_member(bus, chan, "peer", proc)
                 sent = alice.send("peer", "ping")
                 [reply] = alice.wait(timeout=20).messages

@@ -169,7 +169,7 @@ def bridge(redis_url: str, tmp_path: Path) -> Iterator[str]:
         bus.close()
 
 
-def test_the_kits_must_level_passes_over_jsonrpc(bridge: str, tmp_path: Path):
+def test_the_kits_must_level_passes_over_jsonrpc(bridge: str, tmp_path: Path) -> None:
     python = kit_python()
     junit = tmp_path / "junit.xml"
     argv = [

@@ -72,7 +72,7 @@ def a_number(v: Any) -> bool:
 def valid_send(to: Any, body: Any, subject: Any, type_: Any, priority: Any, ttl: Any) -> bool:
     names = [to] if isinstance(to, str) and to != "all" else to if isinstance(to, list) else None
     return (
-        (to == "all" or (bool(names) and all(a_name(n) for n in names)))
+        (to == "all" or (names is not None and bool(names) and all(a_name(n) for n in names)))
         and isinstance(body, str)
         and isinstance(subject, str)
         and subject.isprintable()

@@ -91,6 +91,7 @@ def test_scale_model_costs_the_same_per_message_on_one_server_and_a_cluster(
     # an agent and a message in flight each take the same on one server and on the Cluster
     for t in (one, cl):
         mem = t.memory
+        assert mem is not None
         assert mem.usage_per_channel > 0 and mem.usage_per_agent > 0
         assert mem.usage_per_message > 0
         assert mem.beats >= SIZES.mem_channels and mem.beat_us > 0

@@ -32,7 +32,12 @@ def run_bounded(coro: Any, timeout: float = 20) -> Any:
     return out[0]
 
 
-BEAT: dict[str, Any] = {"heartbeat_s": 0.05, "agent_lease_s": 5.0, "metrics": False, "host": "test-host"}
+BEAT: dict[str, Any] = {
+    "heartbeat_s": 0.05,
+    "agent_lease_s": 5.0,
+    "metrics": False,
+    "host": "test-host",
+}
 
 
 async def _close_with_beat(

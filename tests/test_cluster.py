@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from redis.cluster import RedisCluster
@@ -235,7 +235,11 @@ def test_script_flush_and_client_kill_on_every_node_lose_and_double_nothing(
         with live, Traffic(senders) as traffic:
             for turn in range(6):
                 target = 100 * (turn + 1)
-                wait_until(lambda n=target: traffic.sent_count() >= n, 10, "traffic")
+
+                def sent_enough(n: int = target) -> bool:
+                    return traffic.sent_count() >= n
+
+                wait_until(sent_enough, 10, "traffic")
                 for port in cluster.nodes:
                     c = cluster.node_client(port)
                     if turn % 2:
@@ -347,7 +351,10 @@ def test_send_whose_reply_is_lost_is_written_once(cluster: Cluster, face: str) -
             a.send("b", "once")
         busy.join()
         # then: it was written once, never repeated by a client under the bus
-        entries = cluster.client().xrange(f"rb:{{{name}}}:s")
+        # the client decodes replies (decode_responses=True)
+        entries = cast(
+            list[tuple[str, dict[str, str]]], cluster.client().xrange(f"rb:{{{name}}}:s")
+        )
         assert [f["b"] for _, f in entries] == ["warm", "once"]
     finally:
         bus.close()

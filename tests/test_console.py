@@ -104,6 +104,7 @@ def film(url: str) -> Film:
     assert draft.id in [m.id for m in director.wait(timeout=2).messages]
     notes = director.send("writer", "Good. Tighten scene 2.", subject="kickoff", reply_to=draft.id)
     xss = writer.send("designer", XSS, subject="<i>markup</i> in a subject")
+    assert notes.id is not None and xss.id is not None and render.id is not None
     return Film(
         bus,
         ch,

@@ -244,6 +244,7 @@ def test_pair_rate_limit_uses_a_token_bucket(bus: Any, chan_name: str) -> None:
     with pytest.raises(RateLimited) as e:
         a.send("b", "fourth")
     assert e.value.limit == 3 and 0 < e.value.retry_after_s <= 1.0
+    assert e.value.retry_after_s is not None
     a.send("c", "other pair is independent")
     time.sleep(e.value.retry_after_s + 0.05)
     a.send("b", "refilled")

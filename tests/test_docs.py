@@ -79,7 +79,8 @@ def test_error_page_draws_the_whole_tree_with_codes(site: Path) -> None:
     page = _page(site, "reference/errors")
 
     def walk(cls: type) -> list[type]:
-        return [cls, *(c for sub in cls.__subclasses__() for c in walk(sub))]
+        subs: list[type] = cls.__subclasses__()
+        return [cls, *(c for sub in subs for c in walk(sub))]
 
     classes = walk(_errors.RedisbusError)
     assert _errors.CircuitOpen in classes

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import pytest
 import redis
+from redis.typing import EncodableT, FieldT
 
 from redisbus import (
     Bus,
@@ -98,6 +99,7 @@ def test_a_served_handler_that_raises_gets_the_message_again(
     bus.serve({worker: handler}, stop=stop, poll_s=0.3)
     deadline.cancel()
     assert seen == [1, 2]
+    assert r.id is not None
     assert boss.receipt(r.id)[0].status == "done"
     bus.close()
 
@@ -287,6 +289,7 @@ def test_a_dead_lettered_message_s_receipt_gives_the_reason(redis7: Server, chan
     assert [m.id for m in w.read()] == [r.id]  # fetched once, never done
     time.sleep(0.1)
     assert ch.sweep().dead_lettered == 1
+    assert r.id is not None
     rc, _ = boss.receipt(r.id)
     assert rc.status == "failed" and not rc.ok
     assert isinstance(rc.error, DeadLettered) and rc.error.reason == "max_deliveries"
@@ -304,7 +307,7 @@ def test_replicas_not_seen_for_long_leave_the_heartbeat_hash(
     a = ch.join("a", replica="live")
     r = redis7.client()
     # 50 replicas that beat long ago and went away (restarts with per-process names)
-    stale = {f"a\ngone-{i}": 1 for i in range(50)}
+    stale: dict[FieldT, EncodableT] = {f"a\ngone-{i}": 1 for i in range(50)}
     r.hset(ch.keys.beat, mapping=stale)
     replicas: Callable[[], list[str]] = lambda: [  # noqa: E731
         k for k in cast(list[str], r.hkeys(ch.keys.beat)) if not k.startswith("\n")

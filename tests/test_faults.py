@@ -214,7 +214,7 @@ def assert_nobody_lost(team: Team) -> None:
     ]
 
 
-def outage(stop: Callable[[], None], resume: Callable[[], None]) -> float:
+def outage(stop: Callable[[], object], resume: Callable[[], object]) -> float:
     """Stop Redis, wait OUTAGE_S, bring it back; returns how long it was away."""
     t0 = time.monotonic()
     stop()

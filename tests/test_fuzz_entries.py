@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.typing import EncodableT, FieldT
 
 from redisbus import Bus
 from tests.conftest import settings as bus_settings
@@ -58,11 +59,12 @@ def test_no_raw_entry_stops_a_reader(redis7: Server, signing: str) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(st.lists(entry, min_size=1, max_size=3), st.sampled_from(["wait", "read", "list"]))
-    def one(entries: list[dict[str, Any]], path: str) -> None:
+    def one(entries: list[dict[FieldT, EncodableT]], path: str) -> None:
         ch = bus.channel(f"fuzz-{next(_turn)}", pair_rate_burst=0, sender_rate_burst=0)
         reader, writer = ch.join("reader"), ch.join("writer")
         raw_ids = [
-            raw_bytes.xadd(ch.keys.stream, dict(e) if e else {"zz": ""}).decode() for e in entries
+            cast(bytes, raw_bytes.xadd(ch.keys.stream, dict(e) if e else {"zz": ""})).decode()
+            for e in entries
         ]
 
         # every reading path, in the order the case chose, then the others

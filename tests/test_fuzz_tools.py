@@ -21,7 +21,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import typer
@@ -174,7 +174,8 @@ def mcp_board(redis7: Server) -> Iterator[McpBoard]:
         director = await ch.join("director")
         writer = await ch.join("writer", parent="director")
         await ch.join("designer", parent="director")
-        ids = [(await director.send("writer", f"seed {i}")).id for i in range(3)]
+        # one name each, none refused (a refusal raises): every receipt carries its entry id
+        ids = cast(list[str], [(await director.send("writer", f"seed {i}")).id for i in range(3)])
         await writer.read(filter_by="all")
         return ch, writer, ids
 
@@ -590,6 +591,7 @@ def test_mark_done_with_one_bad_id_marks_nothing(redis7: Server) -> None:
         ch = bus.channel("fz-done-" + uuid.uuid4().hex[:8])
         director, writer = ch.join("director"), ch.join("writer", parent="director")
         good = director.send("writer", "fetched").id
+        assert good is not None
         writer.read()
         before = channel_state(bus.redis, ch)
         with pytest.raises(InvalidInput):

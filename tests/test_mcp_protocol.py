@@ -125,8 +125,9 @@ async def test_waits_fit_a_client_time_limit_and_resume_without_losing_or_repeat
         # a client that asks for progress hears from a long wait (and may extend its limit)
         ticks: list[tuple[float, float | None]] = []
 
-        async def on_progress(done: float, total: float | None, message: str | None) -> None:
-            ticks.append((done, total))
+        # (mcp's ProgressFnT protocol: the parameters' names too)
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            ticks.append((progress, total))
 
         res = await bob.call_tool("agent_wait", {"timeout": 6}, progress_callback=on_progress)
         assert res.structured_content is not None

@@ -54,7 +54,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -104,6 +104,8 @@ SHRINK = os.environ.get("REDISBUS_MODEL_SHRINK") == "1"
 
 LEASE_S = 1.0
 MAX_DELIVERIES = 3
+#: a stream's entries, as a client with decode_responses=True returns them
+Entries = list[tuple[str, dict[str, str]]]
 AGENTS = ("ana", "ben", "cy", "dee")
 PROCS = ("p0", "p1", "p2")
 CAPS = (2, 3, 4, 6)
@@ -361,7 +363,9 @@ class BusModel(RuleBasedStateMachine):
             failed = {
                 a
                 for a in AGENTS
-                if (self.r.hget(self.k.marks, f"{eid}\n{a}") or "").startswith("F")
+                if (cast(str | None, self.r.hget(self.k.marks, f"{eid}\n{a}")) or "").startswith(
+                    "F"
+                )
                 or self.copies.get((eid, a), Copy(eid, a)).state == "dead"
             } - {a for e, a in out if e == eid}
             assert len(failed) == len(ns), (eid, failed, ns)
@@ -621,7 +625,8 @@ class BusModel(RuleBasedStateMachine):
             time.sleep(data.draw(st.sampled_from([0.0, 0.002, 0.01, 0.05])))
         w.kill()
         if sent is not None:
-            found = [eid for eid, f in self.r.xrange(self.k.stream) if f.get("b") == sent[0]]
+            stream = cast(Entries, self.r.xrange(self.k.stream))
+            found = [eid for eid, f in stream if f.get("b") == sent[0]]
             assert len(found) <= 1, found
             if found:
                 self.accept(found[0], sent[1])
@@ -765,7 +770,10 @@ class BusModel(RuleBasedStateMachine):
         out: dict[str, dict[str, dict[str, Any]]] = {}
         now = time.monotonic()
         for a in sorted(self.joined):
-            rows = self.r.xpending_range(self.k.stream, a, min="-", max="+", count=100_000)
+            rows = cast(
+                list[dict[str, Any]],
+                self.r.xpending_range(self.k.stream, a, min="-", max="+", count=100_000),
+            )
             out[a] = {}
             for row in rows:
                 c = self.copies.get((row["message_id"], a))
@@ -783,14 +791,14 @@ class BusModel(RuleBasedStateMachine):
             self.compare()
         except AssertionError:
             TRACE.append("stream at the failure:")
-            for eid, f in self.r.xrange(self.k.stream):
+            for eid, f in cast(Entries, self.r.xrange(self.k.stream)):
                 TRACE.append(f"  {eid} {f}")
             TRACE.append(f"statuses: {self.r.hgetall(self.k.status)}")
             raise
 
     def compare(self) -> None:
         pending = self.observe_pending()
-        entries = {eid: f for eid, f in self.r.xrange(self.k.stream)}
+        entries = {eid: f for eid, f in cast(Entries, self.r.xrange(self.k.stream))}
         groups = {g["name"]: g for g in self.r.xinfo_groups(self.k.stream)}
         counts = self.ch.counts()
         for a in sorted(self.joined):

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from redisbus import Bus, BusSettings
 from tests.servers import Server
 
-FAST: dict[str, Any] = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
+FAST: dict[str, Any] = {
+    "pair_rate_burst": 1e6,
+    "pair_rate_per_s": 1e6,
+    "sender_rate_burst": 0,
+    "inbox_cap": 10**6,
+}
 
 
 def test_a_joined_replica_has_the_agent_lease_not_the_message_lease(redis7: Server) -> None:
@@ -21,7 +26,8 @@ def test_a_joined_replica_has_the_agent_lease_not_the_message_lease(redis7: Serv
     # then its replica's heartbeat deadline is the agent lease away: a process killed right
     # after joining is not reported lost a second later
     raw = redis7.client()
-    (deadline,) = [int(v) for k, v in raw.hgetall(ch.keys.beat).items() if k.startswith("ana\n")]
+    beats = cast(dict[str, str], raw.hgetall(ch.keys.beat))  # the client decodes replies
+    (deadline,) = [int(v) for k, v in beats.items() if k.startswith("ana\n")]
     now_ms = int(raw.time()[0]) * 1000
     assert deadline - now_ms > 3000 * 1000, (deadline, now_ms)
     assert ana.agents().self.name == "ana"

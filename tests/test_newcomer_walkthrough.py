@@ -63,7 +63,7 @@ class Shell:
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write(f"source {script} </dev/null; echo __step_ok__\n")
         self.proc.stdin.flush()
-        lines = []
+        lines: list[str] = []
         for line in self.proc.stdout:
             if line.strip() == "__step_ok__":
                 return "".join(lines)

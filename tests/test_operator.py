@@ -152,7 +152,7 @@ def test_a_send_refused_before_it_reaches_redis_is_counted(redis_url: str) -> No
         # when sends are refused by the client itself, before any script runs
         for _ in range(3):
             with pytest.raises(InvalidInput):
-                sender.send("b", "hi", subject=None)  # type: ignore[arg-type]
+                sender.send("b", "hi", subject=None)  # type: ignore[call-overload]  # on purpose
         # then each refusal is counted, with its reason
         counted = registry.get_sample_value(
             "redisbus_send_rejected_total", {"reason": "invalid_input", "host": "host-a"}

@@ -428,7 +428,7 @@ def test_redis_down_alert_fires_when_redis_stops_and_resolves_when_it_returns(
                     lambda: rule_states(url).get("RedisbusRedisDown") == ("ok", "inactive"),
                 )
 
-                def redis_down() -> list[dict[str, object]]:
+                def redis_down() -> list[dict[str, Any]]:
                     return [
                         a
                         for a in alerts(url)

@@ -7,7 +7,7 @@ import os
 import secrets
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ def test_agent_user_runs_the_bus_commands_on_bus_keys_only(acl_redis: dict[str, 
     assert agent.eval(script, 1, "rb:{team}:inbox", "writer") == 1
     assert agent.time() and agent.info("memory")["maxmemory_policy"]
 
+    denied: Callable[[], object]
     for denied in (
         lambda: agent.get("other:key"),
         lambda: agent.config_get("maxmemory-policy"),
@@ -98,6 +99,7 @@ def test_exporter_user_reads_but_cannot_write(acl_redis: dict[str, Any]) -> None
     count = exporter.register_script("return redis.call('XLEN', KEYS[1])")
     assert count(keys=["rb:{team}:s"]) == 1
     forge = exporter.register_script("return redis.call('XADD', KEYS[1], '*', 'body', 'x')")
+    denied: Callable[[], object]
     for denied in (
         lambda: exporter.xadd("rb:{team}:s", {"body": "forged"}),
         lambda: exporter.hset("rb:{team}:st", "writer", "failed"),
@@ -121,6 +123,7 @@ def test_the_bus_runs_under_the_agent_user(acl_redis: dict[str, Any]) -> None:
         assert got.kind == "message"
         assert [m.body for m in got.messages] == ["Script draft v1 ready"]
         writer.mark_done(got.messages[0].id)
+        assert receipt.id is not None
         after = director.receipt(receipt.id)  # Receipt(s): one per recipient
         assert [r.status for r in (after if isinstance(after, list) else [after])] == ["done"]
         assert {m.name for m in ch.tree()} == {"director", "writer"}

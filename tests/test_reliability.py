@@ -19,7 +19,12 @@ from redisbus.janitor import sweep_all
 from tests.helpers import stream_inbox_counts
 from tests.servers import Server, start_server, wait_for
 
-FAST: dict[str, Any] = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
+FAST: dict[str, Any] = {
+    "pair_rate_burst": 1e6,
+    "pair_rate_per_s": 1e6,
+    "sender_rate_burst": 0,
+    "inbox_cap": 10**6,
+}
 
 
 def fresh(server: Server, **kw: Any) -> Bus:

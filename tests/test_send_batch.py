@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from redisbus import AsyncBus, Bus, InboxFull, RedisbusError
+from redisbus import AsyncBus, Bus, InboxFull, Receipt, RedisbusError
 from redisbus.metrics import BusMetrics
 from redisbus.testing import memory_bus
 from tests.helpers import stream_inbox_counts
@@ -70,9 +70,12 @@ def _normalize(to: Any) -> Any:
 
 def _state(r: redis.Redis, ch: Any) -> tuple[Any, ...]:
     k = ch.keys
-    entries = [{**f, "t": f.get("t")} for _, f in r.xrange(k.stream)]
-    rate = {}  # the buckets' whole tokens (the fraction is refill, which depends on the clock)
-    for field, value in r.hgetall(k.rate).items():
+    # the client decodes replies (decode_responses=True)
+    stream = cast(list[tuple[str, dict[str, str]]], r.xrange(k.stream))
+    entries = [{**f, "t": f.get("t")} for _, f in stream]
+    # the buckets' whole tokens (the fraction is refill, which depends on the clock)
+    rate: dict[str, int | tuple[str, str] | str] = {}
+    for field, value in cast(dict[str, str], r.hgetall(k.rate)).items():
         if field[:1] in ("p", "s"):
             rate[field] = int(float(value.split(" ")[0]))
         elif field[:1] == "d":
@@ -92,7 +95,7 @@ def _state(r: redis.Redis, ch: Any) -> tuple[Any, ...]:
     siblings=st.booleans(),
 )
 def test_send_many_equals_the_same_sends_one_by_one(
-    redis7: Server, items: list[dict], routing: str, siblings: bool
+    redis7: Server, items: list[dict[str, Any]], routing: str, siblings: bool
 ) -> None:
     # A plain message (one member named) reaches send.lua three ways: in a batch (after the
     # batch read up front what all its messages name), alone, and as a list of one name. The
@@ -127,14 +130,14 @@ def test_send_many_equals_the_same_sends_one_by_one(
         assert _state(r, single_me.channel) == _state(r, general_me.channel)
 
 
-def _as_list(item: dict) -> dict:
+def _as_list(item: dict[str, Any]) -> dict[str, Any]:
     """A plain message's recipient named in a list of one (refusals per recipient)."""
     to = item["to"]
     plain = isinstance(to, str) and to not in ("all", "parent")
     return dict(item, to=[to]) if plain and not item.get("idempotency_key") else item
 
 
-def _one_by_one(me: Any, sends: list[dict]) -> list[Any]:
+def _one_by_one(me: Any, sends: list[dict[str, Any]]) -> list[Any]:
     out: list[Any] = []
     for item in sends:
         try:
@@ -153,7 +156,8 @@ def test_a_batch_larger_than_one_call_keeps_order_and_limits(redis7: Server) -> 
         r = redis.Redis(port=redis7.port)
         r.config_resetstat()
         # when: 300 messages go out in one send_many
-        out = a.send_many([("b", f"m{i}") for i in range(300)])
+        # one name each: one Receipt each
+        out = cast(list[Receipt], a.send_many([("b", f"m{i}") for i in range(300)]))
         assert r.info("commandstats")["cmdstat_evalsha"]["calls"] == 3  # 100 per script call
         # then: the first 250 fill the inbox, in order; the rest are refused as full
         assert [r.status for r in out[:250]] == ["queued"] * 250
@@ -194,7 +198,7 @@ def test_the_test_double_runs_batches_too() -> None:
             "batch-memory", routing="open", inbox_cap=120, pair_rate_burst=0, sender_rate_burst=0
         )
         a, b = ch.join("a"), ch.join("b")
-        out = a.send_many([("b", f"m{i}") for i in range(150)])
+        out = cast(list[Receipt], a.send_many([("b", f"m{i}") for i in range(150)]))
         assert [r.status for r in out].count("queued") == 120
         assert len(b.read(limit=200)) == 120
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import redis
 from hypothesis import HealthCheck, example, given, settings
@@ -94,7 +94,7 @@ def _apply(
     _, sender, to, body, subject, mtype, nth = op
     if to.startswith("id:"):
         to = agents[to[3:]].id
-    ids = [i for i, _ in r.xrange(k.stream)]
+    ids = [i for i, _ in cast(Entries, r.xrange(k.stream))]
     reply_to = ids[nth] if nth is not None and len(ids) > abs(nth) else None
     try:
         res = agents[sender].send(
@@ -107,11 +107,15 @@ def _apply(
     return one.error.code if one.error else one.status
 
 
+#: a stream's entries, as the tests' clients (decode_responses=True) return them
+Entries = list[tuple[str, dict[str, str]]]
+
+
 def _state(r: redis.Redis, ch: Any) -> Any:
     """The stream and counters, entry ids as their place in the stream (twins differ only in
     ids and clock readings)."""
     k = ch.keys
-    entries = r.xrange(k.stream)
+    entries = cast(Entries, r.xrange(k.stream))
     place = {i: str(n) for n, (i, _) in enumerate(entries)}
 
     def same(text: str) -> str:
@@ -121,7 +125,7 @@ def _state(r: redis.Redis, ch: Any) -> Any:
 
     stream = [{f: same(v) for f, v in fields.items() if f != "n"} for _, fields in entries]
     rate: dict[str, Any] = {}
-    for field, value in r.hgetall(k.rate).items():
+    for field, value in cast(dict[str, str], r.hgetall(k.rate)).items():
         if field.startswith(("p\n", "s\n")):
             rate[field] = int(float(value.split(" ")[0]))  # whole tokens (the rest is refill)
         elif field.startswith("d\n"):
@@ -200,8 +204,8 @@ def test_a_batch_decides_as_the_same_sends_one_by_one(
             _apply(r, batch, ba, op, general=False)
             _apply(r, single, sa, op, general=True)
         # when the items go out as one batch on one, one by one on the other
-        ids = [i for i, _ in r.xrange(batch.keys.stream)]
-        ids_single = [i for i, _ in r.xrange(single.keys.stream)]
+        ids = [i for i, _ in cast(Entries, r.xrange(batch.keys.stream))]
+        ids_single = [i for i, _ in cast(Entries, r.xrange(single.keys.stream))]
         sends = []
         for name, body, subject, mtype, nth in items:
             to = (ba[name[3:]].id, sa[name[3:]].id) if name.startswith("id:") else (name, name)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from redis.typing import EncodableT, FieldT
 from redisbus import Bus, BusSettings
 from tests.servers import Server
 
@@ -23,7 +24,7 @@ def bus_with(server: Server, keys: dict[str, str], unsigned: str = "reject", **k
 
 def forge(server: Server, ch: Any, sender: str, to: str, body: str, sig: str = "") -> str:
     """A client without the key writes straight into the stream, claiming to be `sender`."""
-    fields = {"f": sender, "t": to, "b": body}
+    fields: dict[FieldT, EncodableT] = {"f": sender, "t": to, "b": body}
     if sig:
         fields.update({"g": sig, "n": "1"})
     return str(server.client().xadd(ch.keys.stream, fields))
@@ -109,6 +110,7 @@ def test_outcomes_and_cancellations_are_signed_too(redis7: Server) -> None:
     # a forged cancellation (no key) does not cancel anyone
     other = ch.join("other", parent="lead")
     forge_fields = {"f": "lead", "t": "other", "b": "stop", "s": "cancel", "k": "control"}
+    forge_fields: dict[FieldT, EncodableT]
     redis7.client().xadd(ch.keys.stream, forge_fields)
     assert other.wait(timeout=0.3).kind == "timeout"
     assert kid.wait(timeout=0.1).kind == "cancelled"
@@ -141,11 +143,17 @@ def test_the_fields_a_chain_is_derived_from_are_signed(redis7: Server, field: st
     (got,) = b.wait(timeout=2).messages
     forwarded = b.send("a", "new work", reply_to=got.id if field == "r" else None)
     raw = redis7.client()
-    ((_, fields),) = raw.xrange(ch.keys.stream, forwarded.id, forwarded.id)
+    assert forwarded.id is not None
+    # the client decodes replies (decode_responses=True)
+    stream = cast(
+        list[tuple[str, dict[str, str]]], raw.xrange(ch.keys.stream, forwarded.id, forwarded.id)
+    )
+    ((_, fields),) = stream
     assert fields.get(field) == first.id  # the chain's parent is on the entry
     # when a raw writer re-points the chain at another message, as a fresh entry
     other = a.send("b", "other")
     forged = {**fields, field: other.id}
+    assert other.id is not None
     # then the signature no longer holds for it, whatever else is left intact
     from redisbus._signing import signer_for
 
