@@ -1,8 +1,9 @@
 # Generated from redisbus/_async/agent.py by scripts/unasync.py: do not edit.
 """``Agent``: a handle bound to one agent identity: send, read, wait, mark done, family.
 
-The state and the parsing of fetched entries it shares with nothing else live in
-``_agent.AgentState``; this module holds the calls that talk to Redis and wait."""
+The state and the parsing of fetched entries live in ``_agent.AgentState``; the fetch and the
+reclaim of pending entries in ``fetching.Fetching``, its base; this module holds the calls of
+the public API."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
-from .._agent import ENDED, AgentState, give_back_consumer, message_ids
+from .._agent import give_back_consumer, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
-from .._filters import later_id
-from .._model import ChildrenResult, Member, Message, Receipt, Roster, WaitResult, id_ms
+from .._model import ChildrenResult, Member, Message, Receipt, Roster, WaitResult
 from .._tasks_sync import sleep
+from .fetching import Fetching
 
 __all__ = ["Agent"]
 
@@ -30,10 +31,76 @@ log = logging.getLogger("redisbus")
 WAIT_STATUSES = ("waiting", "idle")
 
 
-class Agent(AgentState):
+class Agent(Fetching):
     """A handle bound to one agent identity; every message it sends carries that identity."""
 
     # -- sending ----------------------------------------------------------------------------
+    # What send returns, for the type checker: one Receipt for one name (or "parent"); a list
+    # for "all" (the literal: a str holding "all" is typed as one name) or a list of names.
+    @overload
+    def send(  # type: ignore[overload-overlap]
+        self,
+        to: Literal["all"],
+        body: str,
+        *,
+        subject: str = ...,
+        type: str = ...,
+        priority: int = ...,
+        reply_to: str | None = ...,
+        ttl_s: float | None = ...,
+        idempotency_key: str | None = ...,
+        trace: str | None = ...,
+        await_delivery: float | None = ...,
+        durable: bool | None = ...,
+    ) -> builtins.list[Receipt]: ...
+    @overload
+    def send(
+        self,
+        to: str,
+        body: str,
+        *,
+        subject: str = ...,
+        type: str = ...,
+        priority: int = ...,
+        reply_to: str | None = ...,
+        ttl_s: float | None = ...,
+        idempotency_key: str | None = ...,
+        trace: str | None = ...,
+        await_delivery: float | None = ...,
+        durable: bool | None = ...,
+    ) -> Receipt: ...
+    @overload
+    def send(
+        self,
+        to: builtins.list[str] | tuple[str, ...],
+        body: str,
+        *,
+        subject: str = ...,
+        type: str = ...,
+        priority: int = ...,
+        reply_to: str | None = ...,
+        ttl_s: float | None = ...,
+        idempotency_key: str | None = ...,
+        trace: str | None = ...,
+        await_delivery: float | None = ...,
+        durable: bool | None = ...,
+    ) -> builtins.list[Receipt]: ...
+    @overload
+    def send(
+        self,
+        to: str | Sequence[str],
+        body: str,
+        *,
+        subject: str = ...,
+        type: str = ...,
+        priority: int = ...,
+        reply_to: str | None = ...,
+        ttl_s: float | None = ...,
+        idempotency_key: str | None = ...,
+        trace: str | None = ...,
+        await_delivery: float | None = ...,
+        durable: bool | None = ...,
+    ) -> Receipt | builtins.list[Receipt]: ...
     def send(
         self,
         to: str | Sequence[str],
@@ -48,7 +115,7 @@ class Agent(AgentState):
         trace: str | None = None,
         await_delivery: float | None = None,
         durable: bool | None = None,
-    ) -> Any:
+    ) -> Receipt | builtins.list[Receipt]:
         """Send to a name, ``"parent"``, a list of names or ``"all"``.
 
         Returns one ``Receipt`` for a single name, else a list in roster (or given) order.
@@ -122,10 +189,13 @@ class Agent(AgentState):
             otel.end_send(span, result, None)
         return result
 
-    def send_many(self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]) -> builtins.list[Any]:
+    def send_many(
+        self, items: Iterable[Mapping[str, Any] | tuple[Any, ...]]
+    ) -> builtins.list[Receipt | builtins.list[Receipt]]:
         """Send a batch in one round trip (on a standalone server): each item is ``(to, body)``
-        or a dict of ``send`` arguments. Returns one result per item, in order; a refused item
-        gives rejected receipts (with ``.error``) instead of raising."""
+        or a dict of ``send`` arguments. Returns one result per item, in order, as ``send``
+        would (a Receipt, or a list of them); a refused item gives rejected receipts (with
+        ``.error``) instead of raising."""
         span = None
         # only what plan_batch would take as a batch is copied: it refuses anything else
         if otel.on and isinstance(items, Iterable) and not isinstance(items, str | bytes | Mapping):
@@ -138,7 +208,7 @@ class Agent(AgentState):
                 self.name, items, self._bus._signer, self.channel.name, self.parent, self._cause()
             )
             if not sent:
-                out: builtins.list[Any] = []
+                out: builtins.list[Receipt | builtins.list[Receipt]] = []
             else:
                 replies = core.unbatch(
                     sent, self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
@@ -236,64 +306,6 @@ class Agent(AgentState):
             check.integer(preview_chars, "preview_chars", 0, 1 << 20)
         return self._view(filter_by, since, limit, pull=False, mark=False, preview=preview_chars)
 
-    def _view(
-        self, filter_by: Any, since: Any, limit: Any, *, pull: bool, mark: bool, preview: int | None
-    ) -> builtins.list[Message]:
-        plan = core.plan_view(
-            self.name,
-            self.replica,
-            self.channel.config.routing,
-            filter_by,
-            since,
-            limit,
-            pull=pull,
-            mark=mark,
-        )
-        k = self._keys
-        rejected: builtins.list[tuple[str, str]] = []
-        calls = [*self._settle_calls(), ("view", k.view, [*plan.argv, self._replay_keep()])]
-        reply = (self._bus._io.scripts(calls))[-1]
-        self._deferred.clear()
-        if pull:
-            self._pel_dirty = True
-        # Each call's work is capped: carry on from where it stopped (the resume token) until
-        # the selection is complete, so a long backlog never hides a message.
-        head, got = reply[: core.VIEW_ENTRIES], builtins.list(reply[core.VIEW_ENTRIES :])
-        seen = {e[0] for e in got}
-        while head[3] and len(got) < plan.limit:
-            argv = [*plan.argv, self._replay_keep(), head[3]]
-            argv[5] = str(plan.limit - len(got))
-            more = self._bus._io.script("view", k.view, argv)
-            fresh = [e for e in more[core.VIEW_ENTRIES :] if e[0] not in seen]
-            seen.update(e[0] for e in fresh)
-            # a newest-first scan continues with earlier entries
-            got = [*fresh, *got] if str(head[3]).startswith("v") else [*got, *fresh]
-            head = more[: core.VIEW_ENTRIES]
-        reply = [*head, *got]
-        msgs = core.parse_view(
-            self.channel.name,
-            self.name,
-            reply,
-            preview_chars=preview,
-            signer=self._bus._signer,
-            unsigned=self._bus.settings.unsigned,
-            agent_id=self.id,
-            rejected=rejected,
-        )
-        for entry_id, reason in rejected if mark else ():
-            self._reject(entry_id, reason)  # written with the next call
-        if mark:
-            mine = [m for m in msgs if self.name in m.to and not m.read]
-            self._hand(mine)
-            now_ms = int(reply[0])
-            for m in mine:  # first time this agent gets them: delivery latency on the Redis clock
-                self._bus.metrics.delivered(max(0.0, (now_ms - id_ms(m.id)) / 1000))
-            if mine:
-                self._bus.metrics.received(len(mine))
-                if otel.on:
-                    otel.received(self.channel.name, self.name, mine, None, "read")
-        return msgs
-
     def flush(self) -> None:
         """Write pending bookkeeping (read marks, acks of others' entries) now."""
         calls = self._settle_calls()
@@ -383,132 +395,6 @@ class Agent(AgentState):
         finally:
             if released and self.slots is not None:
                 self.slots.acquire()
-
-    def _fetch(self, cursor: str, block_ms: int | None) -> tuple[builtins.list[Any], int]:
-        settle = list(self._deferred) if self._deferred else None
-        io = self._bus._io
-        before = io.retries
-        mark_after = self._fetched_to if cursor == ">" else None
-        try:
-            entries, now, replayed, status = io.fetch(
-                self._keys,
-                self.name,
-                self.replica,
-                cursor,
-                block_ms,
-                settle,
-                mark_after,
-                self._replay_keep(),
-            )
-        except RedisbusError:
-            self._pel_dirty = True  # the fetch may have delivered entries we never saw
-            raise
-        if io.retries != before:
-            self._pel_dirty = True
-        if settle:
-            del self._deferred[: len(settle)]
-        if mark_after is not None and entries and later_id(entries[0][0], mark_after) == mark_after:
-            # a rewound group (XGROUP SETID) gave entries again at or before the last fetch,
-            # which the "n" op (it looks after that fetch) did not see: look at them all once
-            entries, more = self._recheck(entries)
-            replayed += more
-        if replayed:  # settle.lua rejected them (a copy of an earlier signed entry)
-            self._bus.metrics.message_rejected("replay", replayed)
-        if mark_after is not None and entries:
-            self._fetched_to = later_id(entries[-1][0], mark_after) or entries[-1][0]
-        if status in ENDED:  # another replica was woken by the cancel, or the agent ended
-            self._cancelled = True
-        return entries, now
-
-    def _recheck(self, entries: builtins.list[Any]) -> tuple[builtins.list[Any], int]:
-        """settle.lua's "n" op over this replica's whole pending list: what it says was
-        finished before (or is a replay) is left out of ``entries``."""
-        keep = self._replay_keep()
-        k = self._keys
-        op = f"0-0\n{self.replica}" + (f"\n{keep}" if keep else "")
-        reply = self._bus._io.script(
-            "settle", k.settle if keep else k.settle[:4], [self.name, "n", op]
-        )
-        gone = set(reply[3] or []) if len(reply) > 3 else set()
-        return [e for e in entries if e[0] not in gone], len(gone)
-
-    def _redeliver(self, *, own: bool, lapsed: bool = True) -> builtins.list[Message]:
-        """Pending entries due to this replica (claim.lua), dead-lettering instead those
-        handed out max_deliveries times: with ``own``, its own pending entries this handle
-        does not hold (after a restart, a reply lost to a dropped connection, or entries read()
-        and mark_done() fetched ahead); with ``lapsed``, at most every lease/4, entries whose
-        lease ran out on any replica (this one too: a message it returned and that was never
-        marked done comes back to it). Nothing here reads the group, so ``deliveries`` counts
-        hand-outs, and the entries this handle holds keep ageing towards their lease."""
-        cfg = self.channel.config.limits
-        lease_s = float(cfg.get("lease_s", self._bus.settings.lease_s))
-        now = time.monotonic()
-        lapsed = lapsed and now - self._last_claim >= lease_s / 4
-        if not own and not lapsed:
-            return []
-        if lapsed:
-            self._last_claim = now
-        k = self._keys
-        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta, k.status]
-        argv: builtins.list[Any] = [
-            self.name,
-            self.replica,
-            int(lease_s * 1000),
-            int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
-            100 if lapsed else 0,
-            "-" if own else "",
-        ]
-        out: builtins.list[Message] = []
-        while True:
-            calls = [*self._settle_calls(), ("claim", keys, [*argv, *self._handed])]
-            claimed, dead, resume, now_ms, *status = (self._bus._io.scripts(calls))[-1]
-            if status and status[0] in ENDED:  # (claim.lua handed nothing)
-                self._cancelled = True
-                return out
-            self._deferred.clear()
-            if int(dead):
-                self._bus.metrics.dead_lettered(int(dead))
-            out += self._handed_out(claimed, int(now_ms))
-            if not resume:
-                return out
-            argv[4:6] = [0, resume]
-
-    def _handed_out(self, claimed: Any, now_ms: int) -> builtins.list[Message]:
-        """The messages claim.lua handed this replica, each with its count of hand-outs."""
-        out = []
-        redelivered = 0
-        metrics, channel = self._bus.metrics, self.channel.name
-        for entry_id, flat, deliveries in claimed:
-            f = core.fields_from_flat(flat)
-            ok, reason = core.verdict(
-                self._bus._signer,
-                self._bus.settings.unsigned,
-                channel,
-                entry_id,
-                f,
-                self.name,
-                self.id,
-            )
-            if reason:
-                self._reject(entry_id, reason)
-                continue
-            msg = core.message_from_fields(
-                channel, entry_id, f, read=True, deliveries=int(deliveries), verified=ok
-            )
-            out.append(msg)
-            if msg.deliveries > 1:
-                redelivered += 1
-            else:  # first hand-out of an entry fetched ahead: delivered now
-                metrics.delivered(max(0.0, (now_ms - id_ms(entry_id)) / 1000))
-            if msg.type == "control":  # consumed on sight
-                self._deferred += ["d", entry_id]
-            else:
-                self._hand([msg])
-        if out:
-            metrics.received(len(out))
-        if redelivered:
-            metrics.redelivered(redelivered)
-        return out
 
     def extend_lease(self, message: str | Message) -> bool:
         """Keep a message this replica is still handling from being reclaimed (long turns):
