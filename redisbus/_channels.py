@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from . import _validate as check
 from ._errors import (
@@ -26,29 +26,38 @@ log = logging.getLogger("redisbus")
 
 Routing = Literal["open", "family"]
 
-# Channel limits stored in Redis, with the BusSettings field each defaults from.
-LIMITS: tuple[str, ...] = (
-    "inbox_cap",
-    "max_body_bytes",
-    "max_name_chars",
-    "pair_rate_burst",
-    "pair_rate_per_s",
-    "sender_rate_burst",
-    "sender_rate_per_s",
-    "max_chain_depth",
-    "max_chain_messages",
-    "max_depth",
-    "max_members",
-    "max_messages",
-    "retention_s",
-    "lease_s",
-    "max_deliveries",
-    "dampen_turns",
-    "dampen_window_s",
-    "breaker_failures",
-    "breaker_window_s",
-    "breaker_cooldown_s",
-)
+
+class ChannelLimits(TypedDict, total=False):
+    """The limits a channel stores in Redis, each with its type: the keyword arguments of
+    ``bus.channel(name, ...)`` and ``ch.configure(...)``. One left out takes the ``BusSettings``
+    field of the same name (see the configuration reference); any other name is refused
+    (InvalidInput)."""
+
+    inbox_cap: int
+    max_body_bytes: int
+    max_name_chars: int
+    pair_rate_burst: float
+    pair_rate_per_s: float
+    sender_rate_burst: float
+    sender_rate_per_s: float
+    max_chain_depth: int
+    max_chain_messages: int
+    max_depth: int
+    max_members: int
+    max_messages: int
+    retention_s: float
+    lease_s: float
+    max_deliveries: int
+    dampen_turns: int
+    dampen_window_s: float
+    breaker_failures: int
+    breaker_window_s: float
+    breaker_cooldown_s: float
+    auto_reply_deny: Sequence[str]  # senders whose messages get no automatic reply
+
+
+# The numeric channel limits, in the order channel.lua gets them: ChannelLimits' numbers.
+LIMITS: tuple[str, ...] = tuple(f for f in ChannelLimits.__annotations__ if f != "auto_reply_deny")
 _INT_LIMITS = frozenset(
     {
         "inbox_cap",
@@ -83,7 +92,11 @@ def fmt_number(v: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:
-    """A channel's configuration as stored in Redis (every host enforces the same numbers)."""
+    """A channel's configuration as stored in Redis (every host enforces the same numbers).
+
+    Each limit of ``ChannelLimits`` is an attribute; it is None when Redis holds no readable
+    value for it (a hand-written or out-of-range one), and the host's ``BusSettings`` value
+    applies then. ``limits`` maps the names of the stored ones to their values."""
 
     name: str
     routing: Routing
@@ -91,18 +104,33 @@ class ChannelConfig:
     paused: bool
     limits: Mapping[str, float]
     created_ms: int
-
-    def __getattr__(self, item: str) -> float:
-        try:
-            return self.limits[item]
-        except KeyError:
-            raise AttributeError(item) from None
+    inbox_cap: int | None = None
+    max_body_bytes: int | None = None
+    max_name_chars: int | None = None
+    pair_rate_burst: float | None = None
+    pair_rate_per_s: float | None = None
+    sender_rate_burst: float | None = None
+    sender_rate_per_s: float | None = None
+    max_chain_depth: int | None = None
+    max_chain_messages: int | None = None
+    max_depth: int | None = None
+    max_members: int | None = None
+    max_messages: int | None = None
+    retention_s: float | None = None
+    lease_s: float | None = None
+    max_deliveries: int | None = None
+    dampen_turns: int | None = None
+    dampen_window_s: float | None = None
+    breaker_failures: int | None = None
+    breaker_window_s: float | None = None
+    breaker_cooldown_s: float | None = None
 
 
 def plan_channel(
     settings: BusSettings, routing: object, siblings: object, overrides: Mapping[str, object]
 ) -> list[str]:
-    """ARGV for channel.lua: (field, value, explicit) triples."""
+    """ARGV for channel.lua: (field, value, explicit) triples. ``overrides`` is checked here,
+    not trusted to match ``ChannelLimits``: an unknown name or a bad value is InvalidInput."""
     overrides = dict(overrides)
     deny = overrides.pop("auto_reply_deny", None)
     unknown = set(overrides) - set(LIMITS)
@@ -162,6 +190,7 @@ def config_from_hash(name: str, h: Mapping[str, str]) -> ChannelConfig:
     if not h:
         raise UnknownAgent(f"no such channel: {name!r}")
     limits = {f: v for f in LIMITS if f in h and (v := _stored(name, f, h[f])) is not None}
+    typed: dict[str, Any] = {f: int(v) if f in _INT_LIMITS else v for f, v in limits.items()}
     return ChannelConfig(
         name=name,
         routing="family" if h.get("routing") == "family" else "open",
@@ -169,6 +198,7 @@ def config_from_hash(name: str, h: Mapping[str, str]) -> ChannelConfig:
         paused=h.get("paused") == "1",
         limits=limits,
         created_ms=int(h.get("created_ms", "0")),
+        **typed,
     )
 
 

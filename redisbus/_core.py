@@ -12,6 +12,7 @@ the network. The code lives in modules named for what they hold:
 from ._channels import (
     LIMITS,
     ChannelConfig,
+    ChannelLimits,
     Routing,
     SweepReport,
     config_from_hash,
@@ -57,6 +58,7 @@ __all__ = [
     "SEND_BATCH",
     "VIEW_ENTRIES",
     "ChannelConfig",
+    "ChannelLimits",
     "Routing",
     "SendPlan",
     "SweepReport",

@@ -6,7 +6,7 @@ import builtins
 import dataclasses
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 from .. import _core as core
 from .. import _validate as check
@@ -148,8 +148,8 @@ class AsyncChannel:
         self.config = core.config_from_hash(self.name, h)
         return self.config
 
-    async def configure(self, **limits: Any) -> core.ChannelConfig:
-        """Change stored limits for every host at once."""
+    async def configure(self, **limits: Unpack[core.ChannelLimits]) -> core.ChannelConfig:
+        """Change stored limits (those of ``ChannelLimits``) for every host at once."""
         argv = core.plan_channel(self.bus.settings, None, None, limits)
         updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
         return await self._update_meta(updates)

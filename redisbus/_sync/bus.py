@@ -11,7 +11,7 @@ import functools
 import logging
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from .. import _core as core
 from .. import _otel as otel
@@ -124,12 +124,13 @@ class Bus:
         siblings: bool | None = None,
         *,
         create: bool = True,
-        **limits: Any,
+        **limits: Unpack[core.ChannelLimits],
     ) -> Channel:
         """Create the channel with these settings, or attach to it as stored (an explicit
         setting that differs from the stored one raises ChannelMismatch). ``create=False``
         only attaches: a missing channel raises UnknownChannel instead of being created with
-        whatever this caller passed (``attach(name)`` says the same)."""
+        whatever this caller passed (``attach(name)`` says the same). ``limits``: those of
+        ``ChannelLimits``; one left out takes this bus's ``BusSettings`` value."""
         if not isinstance(create, bool):
             raise InvalidInput("create must be True or False")
         cname = check.channel_name(name)
