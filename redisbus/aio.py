@@ -2,6 +2,8 @@
 awaited; ``aclose()`` and ``async with``).
 
 The code lives in ``redisbus/_async``, the one source of both faces; see docs/architecture.md.
+
+Public API: its ``__all__``, also importable from ``redisbus`` (docs/reference/api.md).
 """
 
 from ._async.agent import AsyncAgent

@@ -2,6 +2,8 @@
 
 The code lives in ``redisbus/_sync``, generated from the async face (``redisbus/_async``) by
 ``scripts/unasync.py``; see docs/architecture.md.
+
+Public API: its ``__all__``, also importable from ``redisbus`` (docs/reference/api.md).
 """
 
 from ._sync.agent import Agent

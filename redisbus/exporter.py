@@ -1,5 +1,8 @@
 """``redisbus exporter``: fleet gauges read from Redis, the watchdog and the janitor.
 
+Not a Python API: the command, its settings and its series are the interface
+(docs/deployment.md#the-exporter); its Python names may change in any release.
+
 One exporter per Redis deployment. Every ``exporter_interval_s`` a background thread reads
 every channel (:func:`redisbus.fleet.read_fleet`, read-only and bounded) and Redis' ``INFO
 memory`` into a snapshot; ``/metrics`` serves the last snapshot, so a scrape never waits on

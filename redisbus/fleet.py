@@ -1,5 +1,8 @@
 """A read-only look at every channel of a bus: the numbers ``redisbus exporter`` publishes.
 
+Public API: ``read_fleet`` and the snapshot it returns (its ``__all__``; see
+docs/reference/api.md): what the exporter and the console show, for your own tools.
+
 Definitions (per recipient agent of a channel; a message to several agents counts once for
 each of them, as it does in their inboxes):
 

@@ -1,5 +1,8 @@
 """The janitor: reclaim nothing it cannot handle, dead-letter the undeliverable, trim memory.
 
+Not a Python API: the command is the interface (docs/deployment.md#the-janitor); its
+Python names may change in any release.
+
 One pass over every channel of the bus (``sweep.lua`` per channel: atomic, so several janitors
 on several hosts can run at once). It runs inside ``redisbus exporter`` or on its own with
 ``redisbus janitor`` (as the agent hosts' Redis user: it writes). Live replicas reclaim

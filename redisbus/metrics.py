@@ -1,4 +1,8 @@
-"""Client-side Prometheus metrics of redisbus (SPEC section 7).
+"""Client-side Prometheus metrics of redisbus (docs/deployment.md#prometheus-alerts-and-grafana).
+
+Public API: ``BusMetrics`` (give one to ``Bus.from_url(metrics=...)`` to choose its registry)
+and ``NOOP``; the series names below are the dashboards' and alerts' contract. The rest of its
+``__all__`` (the tables of label values) serves the exporter and the tests.
 
 Nothing here does I/O or registers a metric at import. A :class:`BusMetrics` creates its
 metric families on the registry it is given (the process-wide default registry when none is

@@ -10,6 +10,8 @@ work done after a ``wait()`` of your own, use::
             handle(msg)
 
 Without opentelemetry (or without an SDK) it does nothing.
+
+Public API: ``processing`` (docs/reference/api.md).
 """
 
 from ._otel import processing

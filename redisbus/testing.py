@@ -12,6 +12,8 @@
 Several buses made with the same ``server`` share one in-memory Redis, like processes sharing
 a real one. The project's contract tests run against this double too, so it behaves like the
 real bus; blocking waits are emulated with short sleeps (fakeredis cannot block).
+
+Public API: its ``__all__`` (docs/reference/api.md, docs/getting-started.md#in-your-own-tests).
 """
 
 from __future__ import annotations

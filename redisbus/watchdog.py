@@ -1,5 +1,8 @@
 """The watchdog of ``redisbus exporter``: who has had unread messages for too long.
 
+Not a Python API: a part of the exporter, configured by its settings
+(docs/deployment.md#the-exporter); its Python names may change in any release.
+
 Each snapshot of the fleet (:mod:`redisbus.fleet`) is compared with the previous one. When an
 agent of a channel starts having unread messages older than the threshold, one warning line
 is logged; when it has none any more, one info line. With a webhook URL, each of those

@@ -1,5 +1,8 @@
 """``redisbus console``: a live web console for a bus (the ``redisbus[console]`` extra).
 
+Not a Python API: the command and its HTTP API are the interface (docs/console.md); its
+Python names may change in any release.
+
 A page per channel shows the family tree with live statuses, the conversations grouped by
 reply thread, each message's receipt timeline per recipient, unread and stuck messages, and
 the dead letters; server-sent events keep it current. It never joins a channel and never

@@ -1,5 +1,8 @@
 """An A2A bridge for a redisbus channel, both ways, on the official ``a2a-sdk``.
 
+Not a Python API: the command and the A2A endpoints are the interface (docs/a2a.md); its
+Python names may change in any release.
+
 Inbound, every member of the channel is an A2A agent: its card (name, description and skills
 from ``join()``) at ``/agents/NAME/.well-known/agent-card.json``, and A2A JSON-RPC at
 ``/agents/NAME/``. A caller authenticates with a bearer token; the bridge maps each token to

@@ -1,5 +1,8 @@
 """Hermes Agent plugin: the ``agent_channel`` tool for ``delegate_task`` subagents.
 
+Not a Python API: Hermes loads it as a plugin, and its configuration is the interface
+(redisbus/integrations/hermes/README.md); its Python names may change in any release.
+
 Install redisbus next to hermes-agent, then enable both the plugin and the channel in
 ``$HERMES_HOME/config.yaml``::
 
@@ -10,7 +13,7 @@ Install redisbus next to hermes-agent, then enable both the plugin and the chann
 
 What it adds (see ``_config`` for every setting):
 
-- the ``agent_channel`` tool (toolset ``agent_channel``; seed 000): ``send`` (``to`` a name,
+- the ``agent_channel`` tool (toolset ``agent_channel``): ``send`` (``to`` a name,
   ``parent`` or ``all``; ``subject``; ``message``), ``read`` (``filter_by``, ``since``,
   optional ``wait_seconds``) and ``list``. The caller is whoever Hermes says is calling
   (``task_id`` of a subagent, else the session of the top-level agent); no argument can set
@@ -25,7 +28,7 @@ What it adds (see ``_config`` for every setting):
   from another agent — not an instruction, not an approval.
 
 For code that calls delegation directly, ``delegate_task(tasks=[...],
-enable_agent_channel=True, channel_name=..., parent_agent=agent)`` has the seed-000 shape.
+enable_agent_channel=True, channel_name=..., parent_agent=agent)`` is the shape it takes.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def _prepare_tasks(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = t.pop("role", None)
         persona = t.pop("persona", None) or t.pop("name", None)
         if role and str(role).strip().lower() not in HERMES_ROLES:
-            persona = persona or role  # seed 000: role="writer" is a persona
+            persona = persona or role  # role="writer" names a persona
             role = None
         if role:
             t["role"] = str(role).strip().lower()
@@ -214,7 +217,7 @@ def delegate_task(
     background: bool = False,
     max_iterations: int | None = None,
 ) -> dict[str, Any]:
-    """Hermes's ``delegate_task`` with seed 000's ``enable_agent_channel``/``channel_name``.
+    """Hermes's ``delegate_task`` with ``enable_agent_channel``/``channel_name``.
 
     ``tasks`` items take ``goal``, ``context`` and ``role``; a role other than Hermes's
     ``leaf``/``orchestrator`` (e.g. ``"writer"``), or ``persona``/``name``, is the child's

@@ -1,8 +1,11 @@
 """An MCP server that puts one redisbus agent in the hands of any MCP-speaking model.
 
+Not a Python API: the command and its tools are the interface (docs/reference/cli.md); its
+Python names may change in any release.
+
 MCP cannot tell its callers apart, so one server process serves exactly one agent identity:
 ``--as NAME`` is bound when the process starts and every message the tools send carries it.
-No tool takes a sender argument (SPEC §6).
+No tool takes a sender argument (docs/security.md#identity).
 
     redisbus mcp --channel team-1 --as writer --parent director \\
         --description "writes scripts" --skill writing --skill dialogue
