@@ -602,7 +602,7 @@ def test_command_refuses_bad_tokens_and_externals(
     from redisbus._cli_run import run_command
 
     def main(argv: list[str]) -> int:
-        return program(a2a, "a2a", argv)
+        return run_command("a2a", argv)
 
     monkeypatch.setenv("REDISBUS_A2A_TOKENS", '["not", "a", "mapping"]')
     assert main(["--channel", "c"]) == 2
