@@ -1,4 +1,4 @@
-"""Benchmarks of redisbus beside raw redis-py and FastStream (SPEC §10).
+"""Benchmarks of redisbus beside raw redis-py and FastStream (docs/benchmarks.md).
 
 Run ``python -m bench`` (``make bench``): every figure is measured beside its baseline in the
 same run, on the same private ``redis-server`` (a free loopback port, no persistence; set

@@ -1,4 +1,5 @@
-"""``python -m bench``: every SPEC §10 figure beside its baseline, in one run, on one server."""
+"""``python -m bench``: every figure of docs/benchmarks.md beside its baseline, in one run, on one
+server."""
 
 from __future__ import annotations
 

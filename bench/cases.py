@@ -1,4 +1,4 @@
-"""redisbus cases, written against the public API of SPEC §2 only.
+"""redisbus cases, written against the public API only (docs/reference/api.md).
 
 Every channel is created with limits far above what a case sends, so every limit is checked on
 every send and none refuses. A refused send makes the case fail: it would not be measuring the

@@ -1,5 +1,5 @@
-"""Least-privilege Redis ACL users per agent host (SPEC §6): each limited to the keys of the
-channels it may use, with the commands the bus runs and nothing else.
+"""Least-privilege Redis ACL users per agent host (docs/security.md#redis-acl-users): each limited
+to the keys of the channels it may use, with the commands the bus runs and nothing else.
 
 ``redisbus acl`` prints the lines; the operator loads them with ``ACL LOAD`` (from an ACL
 file) or ``ACL SETUSER``. A channel pattern is an ``fnmatch`` pattern of the trust list

@@ -1,4 +1,4 @@
-"""The scripted agents of the demo: seed 000's anime production team, one function per role.
+"""The scripted agents of the demo: an anime production team, one function per role.
 
 Each role talks only through the public API of its own ``Agent`` handle: ``send``, ``wait``,
 ``read`` and ``mark_done``. Subjects are the protocol between the scripted roles (a real team
@@ -105,8 +105,9 @@ class Actor:
     def fetch(self, timeout: float) -> None:
         """Block in ``wait()`` for the next messages, and mark them done at once.
 
-        Done as soon as they are in the actor's working memory (the auto-done of SPEC §2):
-        the receipts then keep the moment of delivery, and the inbox counters stay at zero.
+        Done as soon as they are in the actor's working memory (done on read:
+        docs/concepts.md#lifecycle-and-receipts): the receipts then keep the moment of delivery, and
+        the inbox counters stay at zero.
         """
         if self.stop is not None:
             if self.stop.is_set():

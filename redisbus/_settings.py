@@ -125,7 +125,7 @@ class BusSettings(BaseSettings):
         description="the janitor trims entries older than this",
     )
 
-    # -- loop and runaway protection (seed 003) ------------------------------------------------
+    # -- loop and runaway protection (docs/concepts.md#limits-and-loop-protection) -------------
     dampen_turns: int = Field(
         default=10,
         ge=0,

@@ -1,5 +1,5 @@
 """The core contract as the least-privilege ``agent`` user of ``deploy/redis/users.acl``
-(SPEC §6, issue 8), on Redis 7 and Redis 6.2, both faces.
+(docs/security.md#redis-acl-users), on Redis 7 and Redis 6.2, both faces.
 
 The server loads the committed template rendered with test passwords, plus one ``admin`` line
 for the fixture only (the template turns the default user off, and the contract fixtures

@@ -1,6 +1,6 @@
-"""``redisbus acl`` (issue 17): a Redis ACL user per agent host, limited to the key patterns of
-the channels that host may use. Proven on a real redis-server loaded with generated users:
-each host works on its channels and gets NOPERM on the others'."""
+"""``redisbus acl`` (docs/security.md#redis-acl-users): a Redis ACL user per agent host, limited to
+the key patterns of the channels that host may use. Proven on a real redis-server loaded with
+generated users: each host works on its channels and gets NOPERM on the others'."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""150 async agents of one process wait at once on a real redis-server (SPEC: 100 async agents
-per process), with the bus's default settings."""
+"""150 async agents of one process wait at once on a real redis-server (docs/benchmarks.md:
+100 async agents per process), with the bus's default settings."""
 
 from __future__ import annotations
 

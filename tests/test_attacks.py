@@ -1,9 +1,10 @@
-"""Attacks on identity (issue 17, SPEC §6), each made with raw redis-py against a real
-redis-server and a Redis Cluster (channels on several shards): forged, redirected and
+"""Attacks on identity (docs/security.md#attacks-and-outcomes), each made with raw redis-py against
+a real redis-server and a Redis Cluster (channels on several shards): forged, redirected and
 replayed entries, replayed control messages and outcomes, names not owned, keys used off
 their channels, revoked keys. Each is refused, and leaves inbox counts, statuses and
-streams as they were, apart from the rejected entry being acknowledged. Also issue 16 item 4:
-a dropped entry counts the inbox down and shows ``rejected`` on the sender's receipt."""
+streams as they were, apart from the rejected entry being acknowledged. Also
+docs/security.md#counters-and-repair: a dropped entry counts the inbox down and shows ``rejected``
+on the sender's receipt."""
 
 from __future__ import annotations
 
@@ -324,7 +325,8 @@ def test_the_shared_hmac_mode_has_the_same_rules(env: Env) -> None:
 
 
 def test_rejected_entries_count_the_inbox_down(env: Env) -> None:
-    """Issue 16 item 4: three unsigned sends to an inbox of 3 no longer fill it for good."""
+    """docs/security.md#counters-and-repair: three unsigned sends to an inbox of 3 no longer fill it
+    for good."""
     signed = env.bus("host-a")
     unsigned = Bus.from_url(env.url, cluster=env.cluster, settings=BusSettings(metrics=False))
     env.buses.append(unsigned)
@@ -376,7 +378,7 @@ def test_public_keys_in_the_trust_list_are_base64_of_32_bytes(tmp_path: Path) ->
     assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
 
 
-# -- issue 29: hostile bytes and identity at the edges --------------------------------------
+# -- hostile bytes and identity at the edges (docs/security.md#what-a-receiver-refuses) ------
 
 
 def counts_hold(raw: Any, ch: Any) -> None:

@@ -1,6 +1,6 @@
 """Smoke test of the benchmark suite: it runs, exits 0 and writes the documented JSON.
 
-Timing numbers are not asserted: benchmarks are not timed tests (SPEC §10).
+Timing numbers are not asserted: benchmarks are not timed tests (docs/benchmarks.md).
 """
 
 from __future__ import annotations

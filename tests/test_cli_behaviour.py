@@ -1,6 +1,6 @@
-"""What the ``redisbus`` command does a user meets on a fresh machine (issue 18), against a real
-redis-server: read-only commands create nothing, a refused send leaves nothing, ``wait`` moves on,
-and failures say what happened with the documented exit status.
+"""What the ``redisbus`` command does a user meets on a fresh machine (docs/reference/cli.md),
+against a real redis-server: read-only commands create nothing, a refused send leaves nothing,
+``wait`` moves on, and failures say what happened with the documented exit status.
 
 Most tests run the command in this process (``redisbus.cli.main``, exactly what the console
 script calls), which is several times faster than a subprocess on a loaded machine; those that

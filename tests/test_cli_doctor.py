@@ -147,7 +147,7 @@ def test_on_a_cluster_each_primary_is_checked(
     assert all(c["verdict"] == "ok" for c in versions)
 
 
-# -- aof-reload: would a restart reload the whole AOF under this ACL? (issue 28) -----------------
+# -- aof-reload: would a restart reload the whole AOF under this ACL? (docs/runbook.md) ---------
 
 ADMIN = "user admin on >admin-pw ~* &* +@all"
 
@@ -179,7 +179,8 @@ def test_aof_with_a_default_user_that_may_not_replay_it_fails(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # given the shipped config (AOF on) with the ACL shipped before issue 28, on Redis 7
+    # given the shipped config (AOF on) with the ACL shipped before the fix of
+    # docs/deployment.md#redis, on Redis 7
     server = shipped_as(default_user=OLD_DEFAULT_USER)
 
     p = doctor(monkeypatch, capsys, admin_url(server), "--json")

@@ -1,5 +1,6 @@
 """The core contract, unchanged, against a Redis Cluster of three primaries with one replica
-each; then a primary SIGKILLed during steady durable traffic (SPEC §4-§5, issue 4).
+each; then a primary SIGKILLed during steady durable traffic
+(docs/delivery.md#redis-cluster-and-sentinel).
 
 The contract tests are the functions of ``tests.test_contract``, collected here a second time
 with this module's ``make_bus`` and ``chan_name``: buses built with ``from_url(cluster=True)``
@@ -294,7 +295,7 @@ def test_unreachable_cluster_is_a_bus_connection_error(face: str) -> None:
                 loop.close()
 
 
-# -- one retry policy, the bus's (issue 16, item 11) -------------------------------------------
+# -- one retry policy, the bus's (docs/delivery.md#faults-are-not-deaths) -----------------------
 
 
 def _connection_retry(client: Any) -> Any:

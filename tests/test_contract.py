@@ -1,4 +1,4 @@
-"""The core contract (SPEC §2-§3), run against Bus and AsyncBus on Redis 7 and Redis 6.2."""
+"""The core contract (docs/concepts.md), run against Bus and AsyncBus on Redis 7 and Redis 6.2."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def test_message_lifecycle_queued_delivered_read_done(bus: Any, chan_name: str) 
         "Script draft v1 ready",
     )
     assert msg.created_at == r.queued_at
-    # wait() returned it in full: it is read at once, for every observer (SPEC §2)
+    # wait() returned it in full: it is read at once, for every observer
+    # (docs/concepts.md#lifecycle-and-receipts)
     rec = writer.receipt(r.id)[0]
     assert rec.status == "read" and rec.delivered_at and rec.read_at
     assert designer.list(filter_by="unread") == []

@@ -1,4 +1,4 @@
-"""Deliveries count hand-outs (issue 16, next to item 1; found by tests/test_model_based.py).
+"""Deliveries count hand-outs (docs/delivery.md; found by tests/test_model_based.py).
 
 ``Message.deliveries``, a dead letter's count and the ``max_deliveries`` check count the
 times a message was handed to the agent's code (a wait() or read() returning it), across

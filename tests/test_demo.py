@@ -1,4 +1,4 @@
-"""``redisbus demo``: the seed-000 team across OS processes, run as ``make demo`` runs it."""
+"""``redisbus demo``: the demo team across OS processes, run as ``make demo`` runs it."""
 
 from __future__ import annotations
 

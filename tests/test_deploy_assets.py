@@ -437,7 +437,7 @@ def test_committed_acl_holds_placeholders_only() -> None:
     users = {line.split()[1]: line for line in lines}
     assert set(users) == {"default", "agent", "exporter"}
     # off and without a password (nobody logs in as it), yet with every permission: Redis 7
-    # replays the AOF as the default user and re-checks it at each EXEC (issue 28)
+    # replays the AOF as the default user and re-checks it at each EXEC (docs/deployment.md#redis)
     default = users["default"].split()
     assert {"off", "resetpass", "~*", "+@all"} <= set(default)
     assert not {"on", "nopass"} & set(default)

@@ -1,10 +1,10 @@
-"""The shipped deploy files survive a restart (SPEC §5): deploy/redis/redis.conf, with the ACL
-rendered from deploy/redis/users.acl by render-acl.sh, on every Redis the suite has (7.x and
-6.2). The bus runs as the ``agent`` user, under traffic; Redis is stopped cleanly (SIGTERM, a
-SHUTDOWN) or SIGKILLed after the AOF's once-a-second fsync, and started again; every member,
+"""The shipped deploy files survive a restart (docs/deployment.md#redis): deploy/redis/redis.conf,
+with the ACL rendered from deploy/redis/users.acl by render-acl.sh, on every Redis the suite has
+(7.x and 6.2). The bus runs as the ``agent`` user, under traffic; Redis is stopped cleanly (SIGTERM,
+a SHUTDOWN) or SIGKILLed after the AOF's once-a-second fsync, and started again; every member,
 group, pending entry, unread count, dead letter and counter is found as it was. The ACL shipped
-before issue 28 is kept as a canary: on Redis 7 it loses the channels, and the exporter's
-``redisbus_stream_entries_added`` tells that loss from a janitor's trim.
+before the fix of docs/deployment.md#redis is kept as a canary: on Redis 7 it loses the channels,
+and the exporter's ``redisbus_stream_entries_added`` tells that loss from a janitor's trim.
 
 Only ``dir``, ``port``, ``bind`` and ``aclfile`` of the shipped config are rewritten (a temp dir,
 a free loopback port); everything else is the file as committed.
@@ -41,9 +41,9 @@ FAST: dict[str, Any] = {
     "inbox_cap": 1000,
 }
 REWRITTEN = ("dir", "port", "bind", "aclfile")
-# The default user of users.acl before issue 28: off and without permissions. Redis 7 loads
-# an AOF as the default user and re-checks its permissions at each EXEC, so every script's
-# effects (replicated as MULTI/EXEC) were refused on restart.
+# The default user of users.acl before that fix (docs/deployment.md#redis): off and without
+# permissions. Redis 7 loads an AOF as the default user and re-checks its permissions at each EXEC,
+# so every script's effects (replicated as MULTI/EXEC) were refused on restart.
 OLD_DEFAULT_USER = "user default off resetkeys resetchannels -@all"
 
 
@@ -305,9 +305,10 @@ def test_a_restart_under_the_shipped_config_and_acl_keeps_every_message(
 
 
 def test_the_old_acl_loses_the_channel_on_redis_7(tmp_path: Path) -> None:
-    """The mechanism of issue 28, kept as a canary: on a Redis that re-checks the default
-    user's permissions at EXEC while loading the AOF, the old ACL loses what scripts wrote.
-    When it stops failing on the Redis on PATH, that Redis carries the fix (redis PR 14545)."""
+    """The mechanism behind docs/deployment.md#redis, kept as a canary: on a Redis that re-checks
+    the default user's permissions at EXEC while loading the AOF, the old ACL loses what scripts
+    wrote. When it stops failing on the Redis on PATH, that Redis carries the fix (redis PR
+    14545)."""
     binary = require_tool("redis-server")
     server = ShippedRedis(binary, tmp_path, default_user=OLD_DEFAULT_USER).start()
     try:
@@ -376,7 +377,7 @@ def test_render_acl_refuses_a_default_user_that_could_log_in(
 def test_the_exporter_tells_a_trim_from_a_loss(
     tmp_path: Path, default_user: str | None, lost: bool
 ) -> None:
-    # given the shipped config with the shipped ACL, or the one before issue 28, on Redis 7
+    # given the shipped config with the shipped ACL, or the one before that fix, on Redis 7
     server = ShippedRedis(require_tool("redis-server"), tmp_path, default_user=default_user)
     server.start()
     settings = ExporterSettings(url=server.url("exporter"), janitor=False, metrics=False)

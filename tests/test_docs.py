@@ -1,6 +1,6 @@
 """The docs site: it builds with ``mkdocs build --strict``, its reference pages are generated
 from the code (so they list every setting, command, error and public name), and the pages say
-what issue 18 found undocumented."""
+what a newcomer found undocumented."""
 
 from __future__ import annotations
 

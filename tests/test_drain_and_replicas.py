@@ -1,6 +1,6 @@
 """Faults that are not deaths, part two: a server at its memory limit still drains, two handles
-of one agent in one process are two replicas, and read() hands out what it returns (issue 28,
-items 5 to 7)."""
+of one agent in one process are two replicas, and read() hands out what it returns
+(docs/delivery.md#faults-are-not-deaths)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Guarantees at the edges (issue 16, items 1-3, 9, 10): redelivery to a lone replica, one
-consumer name per process, reads that never miss a message and whose cost does not grow with
-the backlog behind an old pending one, wait statuses, Unicode subject filters, the janitor's
+"""Guarantees at the edges (docs/delivery.md#at-least-once-to-an-agent): redelivery to a lone
+replica, one consumer name per process, reads that never miss a message and whose cost does not grow
+with the backlog behind an old pending one, wait statuses, Unicode subject filters, the janitor's
 budget, the heartbeat hash, dead-letter receipts, and use after close."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Guarantees at the edges (issue 16, items 5-8 and 12): idempotent retries always get their
-receipt, a pause is one atomic change, idle agents are never reaped as lost, rate bookkeeping
-is bounded by the active pairs, and loops of fresh messages are stopped.
+"""Guarantees at the edges (docs/delivery.md, docs/concepts.md#limits-and-loop-protection):
+idempotent retries always get their receipt, a pause is one atomic change, idle agents are never
+reaped as lost, rate bookkeeping is bounded by the active pairs, and loops of fresh messages are
+stopped.
 
 Every test runs against real Redis servers (7 and 6.2) and the in-memory double, on both faces.
 """

@@ -1,4 +1,5 @@
-"""Bus.embedded(): a private Redis when none is configured (SPEC §9)."""
+"""Bus.embedded(): a private Redis when none is configured
+(docs/getting-started.md#a-first-program)."""
 
 from __future__ import annotations
 

@@ -740,7 +740,7 @@ def test_settings_read_every_variable_the_deploy_files_give_the_exporter(
                 monkeypatch.setenv(key, str(value))
         s = ExporterSettings()
         assert (s.exporter_port, s.exporter_top_n, s.watchdog_stale_s) == (9120, 20, 60.0)
-    # and the defaults are the ones SPEC and deploy/ assume
+    # and the defaults are the ones docs/deployment.md and deploy/ assume
     d = ExporterSettings.model_fields
     assert (d["exporter_port"].default, d["watchdog_stale_s"].default) == (9120, 60.0)
 

@@ -1,4 +1,5 @@
-"""Agent families (SPEC §2, seeds 001/002): routing, roster, outcomes, cancellation, loss."""
+"""Agent families (docs/concepts.md#families-and-outcomes): routing, roster, outcomes, cancellation,
+loss."""
 
 from __future__ import annotations
 

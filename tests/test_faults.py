@@ -1,4 +1,5 @@
-"""Faults are not deaths; statuses go one way; a cancel reaches every replica (SPEC §5).
+"""Faults are not deaths; statuses go one way; a cancel reaches every replica
+(docs/delivery.md#faults-are-not-deaths).
 
 An agent is lost only on evidence: silence while Redis was up and somebody could watch. Every
 outage below (a restart with AOF, a frozen server, a Sentinel failover, a Cluster failover, an

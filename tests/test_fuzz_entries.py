@@ -1,6 +1,6 @@
-"""No bytes written to a stream stop an agent (SPEC §6, issue 29): arbitrary raw entries —
-missing, extra, huge, non-numeric and non-UTF-8 fields, any type, recipients and sender —
-written into a live channel, then a genuine message. Every reader (list, read, wait, the
+"""No bytes written to a stream stop an agent (docs/security.md#what-a-receiver-refuses): arbitrary
+raw entries — missing, extra, huge, non-numeric and non-UTF-8 fields, any type, recipients and
+sender — written into a live channel, then a genuine message. Every reader (list, read, wait, the
 re-read of a replica's pending list, dead letters, the janitor) keeps working; with signing
 on every raw entry is rejected and counted down; the genuine message always arrives; no
 inbox count goes below what its agent holds pending (signing on: signing off, a raw write

@@ -1,4 +1,4 @@
-"""Junk at every tool surface (SPEC §6, §8; issue 8): the six MCP tools (through the SDK and
+"""Junk at every tool surface (docs/security.md#trust-model): the six MCP tools (through the SDK and
 called directly), the Hermes ``agent_channel`` handler, and the ``redisbus`` command.
 
 Only typed errors come back — an MCP ``ToolError``, a Hermes ``{"error": ...}`` that is not
@@ -568,7 +568,7 @@ def test_cli_refuses_junk_options_in_one_line_and_changes_nothing(
         return  # a valid wait that timed out, not a refusal: it may fetch others' entries
     partial = PARTIAL.search(lines[0])
     if partial and int(partial[1]) < int(partial[2]):
-        return  # a broadcast delivered to the others, as it should (SPEC §2)
+        return  # a broadcast delivered to the others (docs/concepts.md#addressing-and-routing)
     assert cli_board.state() == before, changes(before, cli_board.state())
 
 

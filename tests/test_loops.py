@@ -1,4 +1,5 @@
-"""Loop and runaway protection (SPEC §3, §6; seed 003): dampener, deny-list, circuit breaker."""
+"""Loop and runaway protection (docs/concepts.md#limits-and-loop-protection): dampener, deny-list,
+circuit breaker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A model-based test of the bus's promises (issue 16, "How to prove it").
+"""A model-based test of the bus's promises (docs/delivery.md).
 
 Hypothesis writes random programs of join / send / send_many / broadcast / wait / read / list /
 mark_done / SIGKILL a process / restart it / pause / resume / configure / sweep / repair, run
@@ -73,15 +73,15 @@ from redisbus import Bus, BusSettings
 from redisbus import _core as core
 from tests.servers import Server
 
-# Bugs of issue 16 that the model finds and that are not fixed yet: each name excludes the one
+# Bugs that the model finds and that are not fixed yet: each name excludes the one
 # rule that exercises it, so the suite stays green until the fix lands. Remove a name when its
 # fix is merged; the rule then runs and must pass.
-#   "join_beat_lease": not in issue 16's list (found by this test). join.lua writes the new
+#   "join_beat_lease": found by this test. join.lua writes the new
 #   replica's heartbeat deadline with the message lease (``lease_s``) instead of
 #   ``agent_lease_s``; a process killed before its first heartbeat leaves its agents declared
 #   "lost" after ``lease_s``, each with a "[control] cancel" to itself that counts in its inbox.
 #   Excluded by letting a process's heartbeat run after its joins before it is killed.
-#   "dead_letter_recipient": not in issue 16's list (found by this test). A dead-lettered copy
+#   "dead_letter_recipient": found by this test. A dead-lettered copy
 #   of a broadcast names recipient "1": dead_letter() in _prelude.lua writes 'a' = recipient,
 #   then appends the entry's fields, whose 'a' = '1' is the broadcast flag, and the later field
 #   wins (DeadLetter.recipient, replay.lua). ``ch.replay()`` of it fails (RecipientClosed "1").
@@ -691,8 +691,9 @@ class BusModel(RuleBasedStateMachine):
     @rule(data=st.data())
     @traced
     def redeliver_to_self(self, data: st.DataObject) -> None:
-        """Issue 16 item 1: a copy a live replica fetched and never marked done comes back to
-        that same replica after the lease (deliveries >= 2), or is dead-lettered."""
+        """docs/delivery.md#at-least-once-to-an-agent: a copy a live replica fetched and never
+        marked done comes back to that same replica after the lease (deliveries >= 2), or is
+        dead-lettered."""
         entry, agent = data.draw(st.sampled_from(self.self_held()))
         self.step("redeliver_to_self")
         c = self.copies[(entry, agent)]
@@ -739,8 +740,8 @@ class BusModel(RuleBasedStateMachine):
     @rule()
     @traced
     def repair(self) -> None:
-        """Issue 16 item 4: ``ch.repair()`` rebuilds the counters from the stream. They are
-        right all along here, so it finds nothing to fix and changes nothing."""
+        """docs/security.md#counters-and-repair: ``ch.repair()`` rebuilds the counters from the
+        stream. They are right all along here, so it finds nothing to fix and changes nothing."""
         self.step("repair")
         fixed = self.ch.repair()
         TRACE.append(f"  repair -> {fixed}")

@@ -1,4 +1,5 @@
-"""A model-based test of the lifecycle under time and faults (issue 28).
+"""A model-based test of the lifecycle under time and faults
+(docs/delivery.md#faults-are-not-deaths).
 
 tests/test_model_based.py models delivery and counting while nobody ends. This one models the
 lifecycle: hypothesis writes random programs of join (roots and children, several replicas of
@@ -10,7 +11,7 @@ restart with persistence (AOF, clean or SIGKILL), an outage longer than ``agent_
 Agents live in worker processes (tests/lifecycle_workers.py, one stable replica name each);
 the test process holds one more root, the judge, whose bus beats all along.
 
-After every step the bus is compared with the model (SPEC §2 and §5):
+After every step the bus is compared with the model (docs/concepts.md, docs/delivery.md):
 
 - statuses: open agents show running/waiting/idle; terminal statuses (completed, failed,
   cancelled, lost) never change; nobody is lost or cancelled except by a cancel, a fail's

@@ -1,6 +1,6 @@
-"""Channels between hosts (issue 33): a worker attaches without creating, a channel can be
-deleted and an agent removed (freeing its name), and wait_children says whether every child
-ended. Run on both faces, on Redis 7, 6.2 and the in-memory double."""
+"""Channels between hosts (docs/getting-started.md#two-hosts-one-bus): a worker attaches without
+creating, a channel can be deleted and an agent removed (freeing its name), and wait_children says
+whether every child ended. Run on both faces, on Redis 7, 6.2 and the in-memory double."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lifecycle from a shell (issue 33): complete, fail, cancel, remove and delete as
+"""The lifecycle from a shell (docs/reference/cli.md): complete, fail, cancel, remove and delete as
 commands, so a name joined with `redisbus join` can end and be used again."""
 
 from __future__ import annotations

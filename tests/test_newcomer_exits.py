@@ -1,5 +1,5 @@
-"""What a newcomer meets first (issue 33): every failure is the documented exit status and a
-RedisbusError, and a private Redis never outlives the process that started it."""
+"""What a newcomer meets first (docs/reference/cli.md): every failure is the documented exit status
+and a RedisbusError, and a private Redis never outlives the process that started it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""What a newcomer meets first, polished (issue 33): Ctrl-C ends ``redisbus demo`` at once and
-cleanly, its transcript reads in time order, ``--help`` shows no placeholder after a flag, and
-``redisbus console`` is a command like the others (its options complete in the shell)."""
+"""What a newcomer meets first, polished (docs/getting-started.md): Ctrl-C ends ``redisbus demo`` at
+once and cleanly, its transcript reads in time order, ``--help`` shows no placeholder after a flag,
+and ``redisbus console`` is a command like the others (its options complete in the shell)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What an operator sees of the fleet (issue 33, the operator's part): the exporter says how
+"""What an operator sees of the fleet (docs/runbook.md, docs/deployment.md): the exporter says how
 many channels its cap left out and which version it runs, janitors' dead letters reach a
 counter whichever process made them, a send refused before it reaches Redis is counted, an
 agent host exports no ``_created`` duplicates, and its ``host`` label can be kept to a few

@@ -656,10 +656,10 @@ class OneWaySender:
 @pytest.mark.slow
 def test_a_restart_that_loses_the_aof_fires_the_loss_alerts(tmp_path: Path) -> None:
     # given two Redis 7 servers on the shipped redis.conf (AOF on), one with the ACL shipped
-    # before issue 28 (default user off and without permissions), one with the shipped ACL;
-    # on each a sender whose recipient's host never fetches; an exporter per Redis, as the
-    # exporter user; Prometheus with the committed rules (`for` 1 s, RedisbusSentButNotReceived
-    # over 10 s windows)
+    # before the fix of docs/deployment.md#redis (default user off and without permissions), one
+    # with the shipped ACL; on each a sender whose recipient's host never fetches; an exporter per
+    # Redis, as the exporter user; Prometheus with the committed rules (`for` 1 s,
+    # RedisbusSentButNotReceived over 10 s windows)
     binary = require_tool("redis-server")
     old = ShippedRedis(binary, tmp_path / "old", default_user=OLD_DEFAULT_USER).start()
     shipped = ShippedRedis(binary, tmp_path / "shipped").start()

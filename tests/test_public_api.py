@@ -196,3 +196,56 @@ def test_every_listed_module_says_the_same_in_its_docstring() -> None:
         doc = _docstring(module)
         if module != "redisbus":  # the package's docstring is its front page
             assert words[status] in doc, f"{module}'s docstring should say {words[status]!r}"
+
+
+# -- citations ---------------------------------------------------------------------------------
+
+# A citation a maintainer cannot open: a section of a spec that is not in the tree, or an item
+# of a tracker or task list named by number. Link the docs page that states the rule instead
+# (docs/<page>.md#<anchor>), or say the rule where it is used.
+CITATION = re.compile(r"\bSPEC\b|§|\b[Ii]ssue #?\d|\b[Tt]ask #?\d|\b[Ss]eeds?[ -]?\d{3}")
+SCANNED = ("redisbus", "tests", "bench", "docs", "scripts", "deploy", "grafana", "examples")
+TEXT = {".py", ".md", ".lua", ".yml", ".yaml", ".json", ".toml", ".txt", ".cfg", ".conf", ".sh"}
+
+
+def test_no_citation_of_what_a_maintainer_cannot_open() -> None:
+    files = [ROOT / "README.md", ROOT / "Makefile"]
+    for top in SCANNED:
+        files += [p for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in TEXT]
+    found = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("CHANGELOG.md", "docs/changelog.md") or "/node_modules/" in rel:
+            continue
+        if rel == "tests/test_public_api.py":
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if CITATION.search(line):
+                found.append(f"{rel}:{n}: {line.strip()[:120]}")
+    assert not found, "cite a docs page instead:\n" + "\n".join(found)
+
+
+def _slug(heading: str) -> str:
+    """The anchor mkdocs (Python-Markdown's toc) gives a heading."""
+    text = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_every_docs_link_in_the_tree_opens() -> None:
+    # what replaced the citations: docs/<page>.md#<anchor>, each page and heading present
+    link = re.compile(r"\bdocs/([\w/.-]+?\.md)(?:#([\w-]+))?")
+    anchors: dict[str, set[str]] = {}
+    for page in (ROOT / "docs").rglob("*.md"):
+        rel = page.relative_to(ROOT / "docs").as_posix()
+        heads = re.findall(r"^#{1,6} (.+?)\s*$", page.read_text(), re.MULTILINE)
+        anchors[rel] = {_slug(h) for h in heads}
+    broken = []
+    for top in ("redisbus", "tests", "bench", "scripts", "deploy", "grafana", "examples"):
+        for path in (ROOT / top).rglob("*"):
+            if not path.is_file() or path.suffix not in TEXT:
+                continue
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                for page, anchor in link.findall(line):
+                    if page not in anchors or (anchor and anchor not in anchors[page]):
+                        broken.append(f"{path.relative_to(ROOT)}:{n}: docs/{page}#{anchor}")
+    assert not broken, "no such docs page or heading:\n" + "\n".join(broken)

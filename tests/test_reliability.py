@@ -1,4 +1,4 @@
-"""Reliability (SPEC §4-§5): crash recovery, dead letters, retention, durability, chaos."""
+"""Reliability (docs/delivery.md): crash recovery, dead letters, retention, durability, chaos."""
 
 from __future__ import annotations
 
@@ -293,9 +293,9 @@ def test_eviction_policy_warns_loudly(tmp_path: Path, caplog: pytest.LogCaptureF
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_quarter_million_messages_leave_memory_flat(redis7: Server) -> None:
-    # The million of SPEC §10 is a benchmark figure (`python -m bench --full --only memory`,
-    # bench/RESULTS-memory.md); here a quarter of it proves the same flatness in a quarter of
-    # the time (the million took over four minutes of a suite that must stay well under 15).
+    # The million of docs/benchmarks.md is a benchmark figure (`python -m bench --full --only
+    # memory`, bench/RESULTS-memory.md); here a quarter of it proves the same flatness in a quarter
+    # of the time (the million took over four minutes of a suite that must stay well under 15).
     # given an empty server
     bus = fresh(redis7)
     ch = bus.channel("million", **FAST)

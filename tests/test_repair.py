@@ -1,6 +1,6 @@
-"""``Channel.repair()`` and ``redisbus repair`` (issue 16 item 4): inbox counters corrupted
-with raw redis-py are rebuilt from the stream (pending entries of each group plus entries
-past its cursor), on both faces, and the repair says what it fixed."""
+"""``Channel.repair()`` and ``redisbus repair`` (docs/security.md#counters-and-repair): inbox
+counters corrupted with raw redis-py are rebuilt from the stream (pending entries of each group plus
+entries past its cursor), on both faces, and the repair says what it fixed."""
 
 from __future__ import annotations
 

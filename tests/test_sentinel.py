@@ -1,5 +1,6 @@
-"""Sentinel (SPEC §5, issue 4): one primary, one replica, three Sentinels. The core contract
-through a ``redis+sentinel://`` URL, then the primary SIGKILLed during steady durable traffic."""
+"""Sentinel (docs/delivery.md#redis-cluster-and-sentinel): one primary, one replica, three
+Sentinels. The core contract through a ``redis+sentinel://`` URL, then the primary SIGKILLed during
+steady durable traffic."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Signed envelopes (SPEC §6): forged senders are dropped; keys rotate without losing messages."""
+"""Signed envelopes (docs/security.md#signed-envelopes): forged senders are dropped; keys rotate
+without losing messages."""
 
 from __future__ import annotations
 

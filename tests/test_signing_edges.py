@@ -1,4 +1,4 @@
-"""Signing at its edges (issue 29 items 7-9, SPEC §6): a host whose clock is off refuses to
+"""Signing at its edges (docs/security.md#clocks): a host whose clock is off refuses to
 sign with a typed error instead of having every message dropped as stale; trust-file changes
 about the host's own key apply without a restart, both ways; ``keygen`` into a missing
 directory says what to do."""

@@ -1,4 +1,4 @@
-"""The core contract over TLS (SPEC §6, issue 8): a TLS-only redis-server with generated
+"""The core contract over TLS (docs/security.md#tls): a TLS-only redis-server with generated
 certificates, client certificates required, reached with ``rediss://`` and the CA and client
 files in ``BusSettings``; plaintext and unauthenticated clients are refused.
 

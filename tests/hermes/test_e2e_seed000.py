@@ -1,4 +1,4 @@
-"""End to end: a real Hermes parent delegates the seed-000 anime production to three children.
+"""End to end: a real Hermes parent delegates the demo's anime production to three children.
 
 The parent ("director") and its children are real ``AIAgent``s whose model is the scripted stub
 on loopback. The parent dispatches three tasks (Hermes runs a top-level delegation in the

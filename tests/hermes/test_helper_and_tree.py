@@ -1,4 +1,4 @@
-"""The library helper (seed-000 ``delegate_task`` shape), persistence, and nested trees."""
+"""The library helper (the ``delegate_task`` shape of the README), persistence, and nested trees."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ BEARER = "bearer"
 # what a member takes in: text, and structured data parts (bridged as JSON text)
 INPUT_MODES = ["text/plain", "application/json"]
 
-# receipt status -> A2A task state (SPEC: the task follows the receipt)
+# receipt status -> A2A task state (docs/a2a.md: the task follows the receipt)
 STATES: dict[str, int] = {
     "queued": TaskState.TASK_STATE_SUBMITTED,
     "delivered": TaskState.TASK_STATE_WORKING,

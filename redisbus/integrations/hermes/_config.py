@@ -14,7 +14,7 @@ An explicit off always wins. Settings (all optional)::
       channel: null                   # fixed channel name; default: one per root session
       channel_prefix: hermes          # default channel = "<prefix>-<root session id>"
       root_name: root                 # the top-level agent's name on its channel
-      routing: open                   # open (seed 000 board) or family
+      routing: open                   # open (one board) or family
       siblings: true
       deliver_unread: true            # pre_llm_call hands unread messages to each turn
       max_wait_s: 30                  # cap of the tool's wait_seconds

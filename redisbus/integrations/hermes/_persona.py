@@ -1,6 +1,6 @@
 """The name a delegated child gets on the channel: the persona its goal names, or its id.
 
-Hermes keeps only ``leaf``/``orchestrator`` as a task's ``role`` (seed 000's ``role:
+Hermes keeps only ``leaf``/``orchestrator`` as a task's ``role`` (a task's ``role:
 "writer"`` is coerced to ``leaf``), so a persona travels in the goal text. Recognised forms,
 case-insensitive, at the start of the goal unless noted::
 

@@ -1,4 +1,4 @@
-"""The ``agent_channel`` tool: schema (seed 000) and handler."""
+"""The ``agent_channel`` tool: schema and handler."""
 
 from __future__ import annotations
 
