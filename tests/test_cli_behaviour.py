@@ -259,6 +259,7 @@ def test_wait_returns_each_message_once(team: Run, bus: Bus) -> None:
     assert again.status == 1 and again.json() == {"kind": "timeout", "messages": []}
     assert [m["id"] for m in then.json()["messages"]] == [second.id]
     # returned means read, not done: it still counts as undone until `done`
+    assert first.id is not None
     (r,) = writer.receipt(first.id)
     assert r.status == "read"
 
@@ -283,6 +284,7 @@ def test_wait_done_marks_what_it_returned_done(team: Run, bus: Bus) -> None:
     got = team("wait", CH, "--as", "designer", "--timeout", "5", "--done", "--json")
 
     assert [m["id"] for m in got.json()["messages"]] == [sent.id]
+    assert sent.id is not None
     (r,) = writer.receipt(sent.id)
     assert r.status == "done"
     assert bus.channel(CH).counts()["designer"] == 0

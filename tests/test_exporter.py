@@ -38,7 +38,12 @@ from tests.deploy_support import DEPLOY, K8S, run_redis, yaml_docs
 from tests.prometheus_fixture import free_port
 from tests.servers import start_server, wait_for
 
-FAST = {"pair_rate_burst": 1e6, "pair_rate_per_s": 1e6, "sender_rate_burst": 0, "inbox_cap": 10**6}
+FAST: dict[str, Any] = {
+    "pair_rate_burst": 1e6,
+    "pair_rate_per_s": 1e6,
+    "sender_rate_burst": 0,
+    "inbox_cap": 10**6,
+}
 
 # shared fixtures: a Redis running deploy/redis/users.acl; a three-shard Redis Cluster
 acl_redis = test_redis_acl.acl_redis
@@ -151,6 +156,7 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     got = writer.read(limit=2)
     assert [m.id for m in got] == [m1.id, m2.id]
     writer.mark_done(m1.id)
+    assert m1.id is not None
     director_unread.append(designer.complete("sketched") or "")
     # and a channel whose only message was dead-lettered: delivered once, its lease ran out
     beta = bus.channel("beta", lease_s=0.1, max_deliveries=1, **FAST)
@@ -183,6 +189,7 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     # the oldest unread is d1, aged on the Redis clock of the read
     oldest_s = gauge(samples, "redisbus_oldest_unread_age_seconds")
     assert oldest_s == pytest.approx((snap.now_ms - id_ms(d1.id)) / 1000)
+    assert d1.id is not None and m3.id is not None and director_unread[0] is not None
     assert id_ms(m3.id) <= id_ms(d1.id) <= id_ms(director_unread[0])
     # pending: writer's m2 (read, not done) and m3 (fetched); the dead letter was acknowledged
     assert gauge(samples, "redisbus_pending_messages") == 2
@@ -190,7 +197,7 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     assert gauge(samples, "redisbus_channels") == 2
     assert gauge(samples, "redisbus_watchdog_stale_unread_messages") == 0
     # agents by status: every status present, the counts the channels' trees show
-    statuses = Counter(m.status for ch in (alpha, beta) for m in ch.tree())
+    statuses: Counter[str] = Counter(m.status for ch in (alpha, beta) for m in ch.tree())
     assert statuses["completed"] == 1
     for status in AGENT_STATUSES:
         assert gauge(samples, "redisbus_agents", status=status) == statuses[status], status
@@ -263,6 +270,7 @@ def test_a_message_held_by_a_dead_replica_is_unread_and_goes_stale(
     assert gauge(samples, "redisbus_watchdog_stale_unread_messages") == 1
     snap, _ = e.last()
     assert snap is not None and snap.channels[0].oldest_unread_ms == id_ms(sent.id)
+    assert sent.id is not None
 
 
 def test_agents_that_will_never_read_have_no_unread(

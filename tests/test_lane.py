@@ -7,7 +7,7 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -16,7 +16,12 @@ from redisbus import AsyncBus, Bus, BusConnectionError, BusSettings
 from redisbus.testing import memory_bus
 from tests.servers import Server
 
-OPEN = {"routing": "open", "pair_rate_burst": 0, "sender_rate_burst": 0, "inbox_cap": 100_000}
+OPEN: dict[str, Any] = {
+    "routing": "open",
+    "pair_rate_burst": 0,
+    "sender_rate_burst": 0,
+    "inbox_cap": 100_000,
+}
 
 
 def lane_of(bus: Bus) -> Any:
@@ -457,7 +462,7 @@ def test_the_n_op_reads_an_entry_alone_when_another_replicas_fill_the_range(
         out = r.evalsha(bus._io.load("settle"), 4, *keys, "b", "n", "0-0\nr1")
         # then: both of r1's entries are read, none of r2's
         assert out[0] == 2
-        marks = r.hgetall(b._keys.marks)
+        marks = cast(dict[str, str], r.hgetall(b._keys.marks))  # the client decodes replies
         read = {k.split("\n")[0] for k, v in marks.items() if v.startswith("R")}
         assert read == {first, last}
 
@@ -499,6 +504,7 @@ async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
             return await real(*args, **kw)
 
         pool.get_connection = counted
+        assert bus._io.lane is not None
         send_conn = bus._io.lane.conn
         # when: it waits again and again, the message sent while it blocks, and marks each done
         got = []
@@ -514,6 +520,7 @@ async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
         assert got == [f"m{i}" for i in range(20)]
         assert checkouts == 0
         assert bus._io.lane.conn is send_conn
+        assert bus._io.fetch_lanes is not None
         assert len(bus._io.fetch_lanes) == 1
         assert (await b.receipt(msgs[0]))[0].status == "done"
 
@@ -534,6 +541,7 @@ async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> N
         results = await asyncio.gather(*waits)
         # then: each woke with its own, and only FETCH_LANES lanes (connections) stay held
         assert [[m.body for m in r.messages] for r in results] == [[f"to {w.name}"] for w in agents]
+        assert bus._io.fetch_lanes is not None
         assert len(bus._io.fetch_lanes) == FETCH_LANES
         # and the connections of the others went back to the pool, open, for the next waits
         r = redis.Redis(port=redis7.port)
