@@ -148,8 +148,8 @@ def test_a_signed_entry_redirected_to_another_agent_is_refused(env: Env) -> None
     writer = ch.join("a-writer")
     r = writer.send("a-b", "for b only")
     before = snapshot(env.raw, ch)
-    forged = copy_of(env.raw, ch, r.id, t="a-c")
     assert r.id is not None
+    forged = copy_of(env.raw, ch, r.id, t="a-c")
     assert c_reader.wait(timeout=0.5).kind == "timeout"
     assert snapshot(env.raw, ch) == before
     assert mark_of(env.raw, ch, forged, "a-c").endswith(":misaddressed")
@@ -166,8 +166,8 @@ def test_an_exact_replay_is_refused_and_shows_rejected(env: Env) -> None:
     reader.mark_done(got.messages[0])
     before = snapshot(env.raw, ch)
     env.raw.hincrby(ch.keys.inbox, "a-reader", 1)  # the attacker counts its copy in, too
-    copy = copy_of(env.raw, ch, r.id)
     assert r.id is not None
+    copy = copy_of(env.raw, ch, r.id)
     assert reader.wait(timeout=0.5).kind == "timeout"
     reader.flush()
     assert snapshot(env.raw, ch) == before
@@ -183,8 +183,8 @@ def test_a_replay_is_refused_by_read_and_hidden_from_list(env: Env) -> None:
     reader, writer = ch.join("a-reader"), ch.join("a-writer")
     r = writer.send("a-reader", "once")
     assert [m.body for m in reader.read()] == ["once"]
-    reader.mark_done(r.id)
     assert r.id is not None
+    reader.mark_done(r.id)
     before = snapshot(env.raw, ch)
     env.raw.hincrby(ch.keys.inbox, "a-reader", 1)
     copy = copy_of(env.raw, ch, r.id)
@@ -278,8 +278,8 @@ def test_a_revoked_key_is_refused_without_a_restart(env: Env) -> None:
     assert reader.wait(timeout=0.5).kind == "timeout"
     reader.flush()
     assert int(env.raw.hget(ch_b.keys.inbox, "b-reader")) == before_inbox - 1
-    (receipt,) = writer.receipt(r.id)
     assert r.id is not None
+    (receipt,) = writer.receipt(r.id)
     assert receipt.status == "rejected"
     assert receipt.error is not None and "revoked" in str(receipt.error)
     with pytest.raises(NotPermitted):  # and host-a may no longer join as its agents
@@ -312,8 +312,8 @@ def test_the_shared_hmac_mode_has_the_same_rules(env: Env) -> None:
     r = writer.send("b", "for b")
     assert [m.body for m in b.wait(timeout=5).messages] == ["for b"]
     before = snapshot(env.raw, ch)
-    redirected = copy_of(env.raw, ch, r.id, t="c")
     assert r.id is not None
+    redirected = copy_of(env.raw, ch, r.id, t="c")
     replayed = copy_of(env.raw, ch, r.id)
     assert c.wait(timeout=0.5).kind == "timeout"
     assert b.wait(timeout=0.5).kind == "timeout"
@@ -340,9 +340,9 @@ def test_rejected_entries_count_the_inbox_down(env: Env) -> None:
     reader.flush()
     assert int(env.raw.hget(ch.keys.inbox, "a-reader")) == 0
     for r in sent:
+        assert r.id is not None
         (receipt,) = sender.receipt(r.id)
         assert receipt.status == "rejected"
-        assert r.id is not None
         assert receipt.error is not None and receipt.error.reason == "unsigned"  # type: ignore[attr-defined]
     ch.join("a-writer").send("a-reader", "now it fits")
     assert [m.body for m in reader.wait(timeout=5).messages] == ["now it fits"]
@@ -360,9 +360,9 @@ def test_the_rejections_are_counted_by_reason(redis7: Any, tmp_path: Path) -> No
         reader, writer = ch.join("a-reader"), ch.join("a-writer")
         r = writer.send("a-reader", "x")
         reader.wait(timeout=5)
+        assert r.id is not None
         copy_of(e.raw, ch, r.id)
         e.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "forged"})
-        assert r.id is not None
         assert reader.wait(timeout=0.5).kind == "timeout"
         sample = registry.get_sample_value
         for reason in ("replay", "unsigned"):
@@ -407,9 +407,9 @@ def test_a_malformed_entry_is_rejected_on_every_path_and_wedges_nobody(
     # out that pending list first), read, a sweep, a fresh replica
     first = writer.send("a-reader", "listed first")
     assert [m.id for m in reader.list(filter_by="all")] == [first.id]
+    assert first.id is not None
     assert reader.mark_done(first.id)
     assert reader.read() == []
-    assert first.id is not None
     assert reader.wait(timeout=0.3).kind == "timeout"
     other = env.bus("host-a").channel(ch.name).join("a-reader", replica="fresh")
     assert other.wait(timeout=0.3).kind == "timeout"

@@ -149,7 +149,7 @@ def test_two_processes_on_one_host_never_get_the_same_message(
         assert [(m.id, m.deliveries) for m in got] == [(r.id, 2)]
     finally:
         child.kill()
-        child.wait()
+        child.communicate()  # reaps it and closes its pipes
     bus.close()
 
 

@@ -155,8 +155,8 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     director_unread = [writer.send("director", "question").id]
     got = writer.read(limit=2)
     assert [m.id for m in got] == [m1.id, m2.id]
-    writer.mark_done(m1.id)
     assert m1.id is not None
+    writer.mark_done(m1.id)
     director_unread.append(designer.complete("sketched") or "")
     # and a channel whose only message was dead-lettered: delivered once, its lease ran out
     beta = bus.channel("beta", lease_s=0.1, max_deliveries=1, **FAST)
@@ -188,8 +188,8 @@ def test_metrics_report_unread_pending_dead_letters_and_agents_exactly(
     assert gauge(samples, "redisbus_channel_unread_messages", channel="beta") == 0
     # the oldest unread is d1, aged on the Redis clock of the read
     oldest_s = gauge(samples, "redisbus_oldest_unread_age_seconds")
-    assert oldest_s == pytest.approx((snap.now_ms - id_ms(d1.id)) / 1000)
     assert d1.id is not None and m3.id is not None and director_unread[0] is not None
+    assert oldest_s == pytest.approx((snap.now_ms - id_ms(d1.id)) / 1000)
     assert id_ms(m3.id) <= id_ms(d1.id) <= id_ms(director_unread[0])
     # pending: writer's m2 (read, not done) and m3 (fetched); the dead letter was acknowledged
     assert gauge(samples, "redisbus_pending_messages") == 2
@@ -269,8 +269,8 @@ def test_a_message_held_by_a_dead_replica_is_unread_and_goes_stale(
     assert gauge(samples, "redisbus_unread_messages") == 1
     assert gauge(samples, "redisbus_watchdog_stale_unread_messages") == 1
     snap, _ = e.last()
-    assert snap is not None and snap.channels[0].oldest_unread_ms == id_ms(sent.id)
     assert sent.id is not None
+    assert snap is not None and snap.channels[0].oldest_unread_ms == id_ms(sent.id)
 
 
 def test_agents_that_will_never_read_have_no_unread(

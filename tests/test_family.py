@@ -211,8 +211,8 @@ def test_serve_runs_follow_up_turns_and_acks_after_the_handler(redis_url: str) -
     r2 = parent.send("writer", "neo-80s please")
     t.join(10)
     assert seen == ["add wardrobe notes", "neo-80s please"]
-    assert [x.status for x in parent.receipt(r1.id)] == ["done"]
     assert r1.id is not None and r2.id is not None
+    assert [x.status for x in parent.receipt(r1.id)] == ["done"]
     assert [x.status for x in parent.receipt(r2.id)] == ["done"]
     replies = [m.body for m in parent.read() if m.type != "outcome"]
     assert replies == ["revised: add wardrobe notes", "revised: neo-80s please"]

@@ -7,8 +7,8 @@ import json
 from typing import Any, cast
 
 import pytest
-
 from redis.typing import EncodableT, FieldT
+
 from redisbus import Bus, BusSettings
 from tests.servers import Server
 
@@ -110,8 +110,8 @@ def test_outcomes_and_cancellations_are_signed_too(redis7: Server) -> None:
     assert (outcome.type, outcome.subject, outcome.verified) == ("outcome", "cancelled", True)
     # a forged cancellation (no key) does not cancel anyone
     other = ch.join("other", parent="lead")
-    forge_fields = {"f": "lead", "t": "other", "b": "stop", "s": "cancel", "k": "control"}
     forge_fields: dict[FieldT, EncodableT]
+    forge_fields = {"f": "lead", "t": "other", "b": "stop", "s": "cancel", "k": "control"}
     redis7.client().xadd(ch.keys.stream, forge_fields)
     assert other.wait(timeout=0.3).kind == "timeout"
     assert kid.wait(timeout=0.1).kind == "cancelled"
@@ -143,8 +143,8 @@ def test_the_fields_a_chain_is_derived_from_are_signed(redis7: Server, field: st
     first = a.send("b", "job")
     (got,) = b.wait(timeout=2).messages
     forwarded = b.send("a", "new work", reply_to=got.id if field == "r" else None)
-    raw = redis7.client()
     assert forwarded.id is not None
+    raw = redis7.client()
     # the client decodes replies (decode_responses=True)
     stream = cast(
         list[tuple[str, dict[str, str]]], raw.xrange(ch.keys.stream, forwarded.id, forwarded.id)
@@ -153,8 +153,8 @@ def test_the_fields_a_chain_is_derived_from_are_signed(redis7: Server, field: st
     assert fields.get(field) == first.id  # the chain's parent is on the entry
     # when a raw writer re-points the chain at another message, as a fresh entry
     other = a.send("b", "other")
-    forged = {**fields, field: other.id}
     assert other.id is not None
+    forged = {**fields, field: other.id}
     # then the signature no longer holds for it, whatever else is left intact
     from redisbus._signing import signer_for
 
