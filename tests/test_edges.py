@@ -149,7 +149,10 @@ def test_two_processes_on_one_host_never_get_the_same_message(
         assert [(m.id, m.deliveries) for m in got] == [(r.id, 2)]
     finally:
         child.kill()
-        child.communicate()  # reaps it and closes its pipes
+        child.wait()
+        for pipe in (child.stdin, child.stdout):  # else a ResourceWarning once collected
+            if pipe is not None:
+                pipe.close()
     bus.close()
 
 
