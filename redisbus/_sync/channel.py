@@ -112,6 +112,27 @@ class Channel:
         )
         core.raise_if_refused(reply)
 
+    def leave(self, agent: Agent) -> bool:
+        """Undo the join that made ``agent`` (a handle of this channel), when nothing has
+        happened to it since: the member, its consumer group and its heartbeat go, and its
+        name is free again; True. Nothing happened means the member is still the one that
+        join made (not removed and joined anew), still running, with no undone message, no
+        pending entry, no child and no other replica; otherwise it stays as it is: False. One
+        script checks and removes, so nothing slips in between. The handle is closed either
+        way. For a program that joined only to try something, such as ``redisbus send``
+        joining its sender for a send that was refused; ``remove`` takes off a member that
+        did work."""
+        if not isinstance(agent, Agent) or agent.channel.keys != self.keys:
+            raise InvalidInput("leave takes a handle that this channel's join returned")
+        agent.close()  # no heartbeat may bring its lease back
+        k = self.keys
+        reply = self.bus._io.script(
+            "leave",
+            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [agent.name, agent.id, agent.replica],
+        )
+        return int(reply[0]) == 1
+
     def delete(self, *, force: bool = False) -> None:
         """Delete the channel: its stream, members, limits, dead letters, every key it has.
         Refused (NotPermitted) while it is in use: an undone message, or an open agent with a
