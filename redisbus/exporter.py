@@ -89,11 +89,10 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Annotated, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -102,12 +101,35 @@ from prometheus_client.registry import Collector
 from pydantic import Field
 from redis.exceptions import RedisError
 
+from ._commands import (
+    ClusterOpt,
+    DaemonUrlOpt,
+    Exit,
+    LogLevelOpt,
+    PrefixOpt,
+    given,
+    log_to_stderr,
+    option,
+    program,
+    required_url,
+)
 from ._errors import InvalidInput, RedisbusError
-from ._keys import ChannelKeys, stats_key
+from ._fleet_gauges import (
+    HELP,
+    RedisMemory,
+    StreamTotals,
+    fleet_families,
+    gauge,
+    memory_families,
+    read_janitor_dead_lettered,
+    read_memory,
+    read_streams,
+    stream_families,
+)
 from ._settings import BusSettings
 from .bus import Bus
 from .fleet import FleetSnapshot, read_fleet
-from .janitor import DEAD_LETTERED_FIELD, sweep_all
+from .janitor import JANITOR_INTERVAL_S, sweep_all
 from .metrics import FLEET_COUNTERS, FLEET_GAUGES, build_version
 from .watchdog import Watchdog
 
@@ -136,124 +158,9 @@ class ExporterSettings(BusSettings):
     watchdog_webhook_url: str | None = Field(default=None, description="POST JSON per change")
     watchdog_webhook_timeout_s: float = Field(default=5.0, gt=0, description="webhook POST")
     janitor: bool = Field(default=True, description="run the janitor in the exporter")
-    janitor_interval_s: float = Field(default=30.0, gt=0, description="between janitor runs")
-
-
-# -- what is read from Redis besides the channels -----------------------------------------------
-
-
-@dataclass(frozen=True)
-class RedisMemory:
-    """``INFO memory``: bytes used, the limit (0: none) and the eviction policy."""
-
-    used_bytes: int
-    max_bytes: int
-    policy: str
-
-    @property
-    def ratio(self) -> float:
-        return self.used_bytes / self.max_bytes if self.max_bytes else 0.0
-
-    @classmethod
-    def from_info(cls, info: dict[str, Any]) -> RedisMemory:
-        """From ``INFO memory`` as redis-py parses it; on a Cluster (a dict per node) the
-        node closest to its limit, which is the one that will refuse writes first."""
-        if "used_memory" not in info and all(isinstance(v, dict) for v in info.values()):
-            nodes = [cls.from_info(v) for v in info.values()]
-            if not nodes:
-                raise RedisbusError("INFO memory: no node answered")
-            return max(nodes, key=lambda m: (m.ratio, m.used_bytes))
-        return cls(
-            int(info["used_memory"]),
-            int(info.get("maxmemory", 0)),
-            str(info.get("maxmemory_policy", "unknown")),
-        )
-
-
-def read_memory(r: Any) -> RedisMemory:
-    """``INFO memory`` (allowed to the read-only ACL user, unlike ``CONFIG GET``)."""
-    return RedisMemory.from_info(r.info("memory"))
-
-
-STREAM_KINDS = ("channel", "dead_letter")
-
-
-@dataclass(frozen=True)
-class StreamTotals:
-    """Entries of the channel and dead-letter streams, summed per kind: held now, and ever
-    added (``None`` where Redis does not report it: before 7.0)."""
-
-    held: dict[str, int]
-    added: dict[str, int] | None
-
-    @property
-    def removed(self) -> dict[str, int] | None:
-        """Trimmed or deleted: what was added and is no longer held."""
-        if self.added is None:
-            return None
-        return {k: self.added[k] - self.held[k] for k in STREAM_KINDS}
-
-
-def read_janitor_dead_lettered(r: Any, prefix: str) -> int:
-    """What janitors have dead-lettered, as they counted it in Redis (0 before the first)."""
-    return int(r.hget(stats_key(prefix), DEAD_LETTERED_FIELD) or 0)
-
-
-def read_streams(r: Any, prefix: str, channels: Iterable[str]) -> StreamTotals:
-    """``XINFO STREAM`` (O(1), allowed to the read-only user) of each channel's stream and
-    dead-letter stream, in one pipeline; a stream not created yet counts 0."""
-    keys = [ChannelKeys.build(prefix, name) for name in channels]
-    pipe = r.pipeline(transaction=False)
-    for k in keys:
-        pipe.xinfo_stream(k.stream)
-        pipe.xinfo_stream(k.dlq)
-    replies = pipe.execute(raise_on_error=False) if keys else []
-    held = dict.fromkeys(STREAM_KINDS, 0)
-    added: dict[str, int] | None = dict.fromkeys(STREAM_KINDS, 0)
-    for i, reply in enumerate(replies):
-        kind = STREAM_KINDS[i % 2]
-        if isinstance(reply, Exception):
-            if "no such key" in str(reply).lower():
-                continue
-            raise reply
-        held[kind] += int(reply["length"])
-        if added is not None and reply.get("entries-added") is not None:
-            added[kind] += int(reply["entries-added"])
-        else:
-            added = None  # Redis 6.2: not reported
-    return StreamTotals(held, added)
-
-
-# -- the collector ------------------------------------------------------------------------------
-
-_HELP = {
-    "redisbus_channels": "Channels registered on the bus.",
-    "redisbus_unread_messages": "Messages undone and not yet read (queued, or fetched by a "
-    "replica that died), summed over recipients.",
-    "redisbus_oldest_unread_age_seconds": "Age of the oldest unread message (Redis clock); "
-    "0 when nothing is unread.",
-    "redisbus_pending_messages": "Messages fetched and not acknowledged, over all agents.",
-    "redisbus_dead_letters": "Messages held in dead-letter streams.",
-    "redisbus_agents": "Agents by status.",
-    "redisbus_channel_unread_messages": "Unread messages of the channels with the most unread "
-    "(the exporter's top N).",
-    "redisbus_watchdog_stale_unread_messages": "Unread messages older than the watchdog threshold.",
-    "redisbus_redis_memory_used_bytes": "Memory Redis uses (INFO memory used_memory).",
-    "redisbus_redis_memory_max_bytes": "Redis' maxmemory; 0 when it has no limit.",
-    "redisbus_redis_maxmemory_policy": "1 for Redis' eviction policy (redisbus needs noeviction).",
-    "redisbus_exporter_redis_up": "1 when the exporter's last read of Redis succeeded, else 0.",
-    "redisbus_exporter_collect_duration_seconds": "Time the exporter's last read of Redis took.",
-    "redisbus_stream_entries": "Entries held in the channel or dead-letter streams (XLEN).",
-    "redisbus_stream_entries_added": "Entries ever added to the channel or dead-letter streams "
-    "(XINFO STREAM entries-added, kept by Redis); falls only when entries vanish untrimmed.",
-    "redisbus_stream_entries_removed": "Entries trimmed or deleted from the channel or "
-    "dead-letter streams (added minus held).",
-    "redisbus_exporter_channels_skipped": "Channels registered but not read (past the "
-    "exporter's max channels): every other fleet figure leaves them out.",
-    "redisbus_build_info": "Always 1; the version label says which redisbus the exporter runs.",
-    "redisbus_janitor_dead_lettered_total": "Messages dead-lettered by janitors (in the "
-    "exporter or `redisbus janitor`), as counted in Redis.",
-}
+    janitor_interval_s: float = Field(
+        default=JANITOR_INTERVAL_S, gt=0, description="between janitor runs"
+    )
 
 
 class FleetCollector(Collector):
@@ -273,15 +180,15 @@ class FleetCollector(Collector):
             yield from fleet_families(snap, self._exporter.settings.exporter_top_n)
             yield from memory_families(memory)
             yield from stream_families(streams)
-            yield _gauge(
+            yield gauge(
                 "redisbus_exporter_channels_skipped", snap.channels_total - len(snap.channels)
             )
             name = "redisbus_janitor_dead_lettered_total"
-            yield CounterMetricFamily(name, _HELP[name], value=janitor_dead_lettered)
-        yield _gauge("redisbus_exporter_redis_up", 1 if snap is not None else 0)
-        yield _gauge("redisbus_exporter_collect_duration_seconds", duration_s)
+            yield CounterMetricFamily(name, HELP[name], value=janitor_dead_lettered)
+        yield gauge("redisbus_exporter_redis_up", 1 if snap is not None else 0)
+        yield gauge("redisbus_exporter_collect_duration_seconds", duration_s)
         build = GaugeMetricFamily(
-            "redisbus_build_info", _HELP["redisbus_build_info"], labels=["version"]
+            "redisbus_build_info", HELP["redisbus_build_info"], labels=["version"]
         )
         build.add_metric([build_version()], 1)
         yield build
@@ -289,62 +196,10 @@ class FleetCollector(Collector):
     def describe(self) -> Iterable[Metric]:
         # Without describe() the registry would run collect() on registration.
         for name, labels in FLEET_GAUGES.items():
-            yield GaugeMetricFamily(name, _HELP[name], labels=list(labels))
+            yield GaugeMetricFamily(name, HELP[name], labels=list(labels))
         for name, labels in FLEET_COUNTERS.items():
-            yield CounterMetricFamily(name, _HELP[name], labels=list(labels))
+            yield CounterMetricFamily(name, HELP[name], labels=list(labels))
 
-
-def _gauge(name: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, _HELP[name], value=value)
-
-
-def fleet_families(snap: FleetSnapshot, top_n: int) -> Iterator[GaugeMetricFamily]:
-    """The gauges of one snapshot of the channels."""
-    yield _gauge("redisbus_channels", snap.channels_total)
-    yield _gauge("redisbus_unread_messages", snap.unread)
-    yield _gauge("redisbus_oldest_unread_age_seconds", snap.oldest_unread_age_s)
-    yield _gauge("redisbus_pending_messages", snap.pending)
-    yield _gauge("redisbus_dead_letters", snap.dead_letters)
-    agents = GaugeMetricFamily("redisbus_agents", _HELP["redisbus_agents"], labels=["status"])
-    for status, n in snap.agents_by_status().items():
-        agents.add_metric([status], n)
-    yield agents
-    name = "redisbus_channel_unread_messages"
-    per_channel = GaugeMetricFamily(name, _HELP[name], labels=["channel"])
-    for c in snap.top_channels(top_n):
-        per_channel.add_metric([c.name], c.unread)
-    yield per_channel
-    yield _gauge("redisbus_watchdog_stale_unread_messages", snap.stale)
-
-
-def memory_families(memory: RedisMemory) -> Iterator[GaugeMetricFamily]:
-    """Redis' memory and eviction policy."""
-    yield _gauge("redisbus_redis_memory_used_bytes", memory.used_bytes)
-    yield _gauge("redisbus_redis_memory_max_bytes", memory.max_bytes)
-    name = "redisbus_redis_maxmemory_policy"
-    policy = GaugeMetricFamily(name, _HELP[name], labels=["policy"])
-    policy.add_metric([memory.policy], 1)
-    yield policy
-
-
-def stream_families(streams: StreamTotals) -> Iterator[GaugeMetricFamily]:
-    """Entries held, ever added and removed, per kind of stream; added and removed only where
-    Redis reports entries-added."""
-    values = {
-        "redisbus_stream_entries": streams.held,
-        "redisbus_stream_entries_added": streams.added,
-        "redisbus_stream_entries_removed": streams.removed,
-    }
-    for name, per_kind in values.items():
-        if per_kind is None:
-            continue
-        family = GaugeMetricFamily(name, _HELP[name], labels=["stream"])
-        for kind in STREAM_KINDS:
-            family.add_metric([kind], per_kind[kind])
-        yield family
-
-
-# -- the exporter -------------------------------------------------------------------------------
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -618,9 +473,112 @@ def serve(settings: ExporterSettings | None = None, stop: threading.Event | None
         stop.wait()
 
 
-if __name__ == "__main__":
-    # `python -m redisbus.exporter`: this file runs as __main__, not as redisbus.exporter (which
-    # the command imports afresh), so importing the CLI here closes no import cycle.
-    from ._cli_run import run_command
+# -- the command: `redisbus exporter`, `python -m redisbus.exporter` --------------------------
 
-    raise SystemExit(run_command("exporter"))
+
+def exporter(
+    url: DaemonUrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+    port: Annotated[
+        int | None,
+        option(
+            "--port",
+            "REDISBUS_EXPORTER_PORT",
+            "Port of /metrics, /healthz and /readyz; 0 picks a free one [default: 9120].",
+        ),
+    ] = None,
+    addr: Annotated[
+        str | None,
+        option("--addr", "REDISBUS_EXPORTER_ADDR", "Address to listen on [default: 0.0.0.0]."),
+    ] = None,
+    top_n: Annotated[
+        int | None,
+        option(
+            "--top-n",
+            "REDISBUS_EXPORTER_TOP_N",
+            "Channels given their own unread series [default: 10].",
+        ),
+    ] = None,
+    interval_s: Annotated[
+        float | None,
+        option(
+            "--interval-s",
+            "REDISBUS_EXPORTER_INTERVAL_S",
+            "Seconds between reads of Redis [default: 5].",
+        ),
+    ] = None,
+    max_channels: Annotated[
+        int | None,
+        option(
+            "--max-channels",
+            "REDISBUS_EXPORTER_MAX_CHANNELS",
+            "Channels read per pass, first by name [default: 1000].",
+        ),
+    ] = None,
+    stale_s: Annotated[
+        float | None,
+        option(
+            "--stale-s",
+            "REDISBUS_WATCHDOG_STALE_S",
+            "Watchdog: unread older than this is stale [default: 60].",
+        ),
+    ] = None,
+    webhook_url: Annotated[
+        str | None,
+        option(
+            "--webhook-url",
+            "REDISBUS_WATCHDOG_WEBHOOK_URL",
+            "Watchdog: POST a JSON event per change to this URL.",
+            show_default=False,
+        ),
+    ] = None,
+    janitor: Annotated[
+        bool | None,
+        option(
+            "--janitor/--no-janitor",
+            "REDISBUS_JANITOR",
+            "Run the janitor too; it needs a Redis user that may write [default: on].",
+            show_default=False,
+        ),
+    ] = None,
+    janitor_interval_s: Annotated[
+        float | None,
+        option(
+            "--janitor-interval-s",
+            "REDISBUS_JANITOR_INTERVAL_S",
+            "Seconds between janitor passes [default: 30].",
+        ),
+    ] = None,
+    log_level: LogLevelOpt = "INFO",
+) -> None:
+    """Fleet exporter: backlog, memory and Redis-up gauges on /metrics, the watchdog and the
+    janitor.
+
+    /healthz is liveness (the process), /readyz readiness (Redis answers). Runs until SIGTERM
+    or Ctrl-C.
+    """
+    log_to_stderr(log_level)
+    kw = given(url=url, prefix=prefix, cluster=cluster)
+    kw |= given(
+        exporter_port=port,
+        exporter_addr=addr,
+        exporter_top_n=top_n,
+        exporter_interval_s=interval_s,
+        exporter_max_channels=max_channels,
+        watchdog_stale_s=stale_s,
+        watchdog_webhook_url=webhook_url,
+        janitor_interval_s=janitor_interval_s,
+    )
+    if janitor is not None:
+        kw["janitor"] = janitor
+    settings = ExporterSettings(**kw)
+    required_url(settings, " to the fleet's Redis")
+    try:
+        serve(settings)
+    except OSError as e:  # the port is taken, the address is wrong
+        raise Exit(f"exporter: cannot listen on {settings.exporter_addr}: {e}", 1) from e
+
+
+if __name__ == "__main__":
+    raise SystemExit(program(exporter, "exporter"))

@@ -21,12 +21,27 @@ between leaves those dead letters uncounted (they are still in the dead-letter s
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Annotated
 
 from redis.exceptions import RedisError
 
+from ._commands import (
+    ClusterOpt,
+    DaemonUrlOpt,
+    Exit,
+    LogLevelOpt,
+    PrefixOpt,
+    log_to_stderr,
+    option,
+    program,
+    required_url,
+    settings_for,
+)
 from ._core import SweepReport
 from ._errors import RedisbusError
 from ._keys import stats_key
@@ -36,6 +51,8 @@ log = logging.getLogger("redisbus.janitor")
 
 #: Field of ``{prefix}:stats`` counting the messages janitors have dead-lettered.
 DEAD_LETTERED_FIELD = "janitor_dead_lettered"
+#: Seconds between two passes, unless told (``REDISBUS_JANITOR_INTERVAL_S``).
+JANITOR_INTERVAL_S = 30.0
 
 
 @dataclass
@@ -137,9 +154,71 @@ def run(
         stop.wait(interval_s)
 
 
-if __name__ == "__main__":
-    # `python -m redisbus.janitor`, the same as `redisbus janitor`: this file runs as __main__,
-    # not as redisbus.janitor, so importing the CLI here closes no import cycle.
-    from ._cli_run import run_command
+# -- the command: `redisbus janitor`, `python -m redisbus.janitor` ----------------------------
 
-    raise SystemExit(run_command("janitor"))
+
+def janitor(
+    url: DaemonUrlOpt = None,
+    prefix: PrefixOpt = None,
+    cluster: ClusterOpt = False,
+    interval_s: Annotated[
+        float | None,
+        option(
+            "--interval-s", "REDISBUS_JANITOR_INTERVAL_S", "Seconds between passes [default: 30]."
+        ),
+    ] = None,
+    batch: Annotated[
+        int, option("--batch", "REDISBUS_JANITOR_BATCH", "Entries trimmed per script call.")
+    ] = 1000,
+    once: Annotated[
+        bool,
+        option(
+            "--once",
+            "REDISBUS_JANITOR_ONCE",
+            "One pass over every channel: print its report and exit. A channel that "
+            "fails is logged in one line and skipped, the rest are swept all the same; the "
+            "exit status is then 1, given after the whole pass.",
+        ),
+    ] = False,
+    log_level: LogLevelOpt = "INFO",
+) -> None:
+    """Reclaim nothing it cannot handle, dead-letter the undeliverable, trim: every channel.
+
+    Writes, so it runs as the agent hosts' Redis user (the exporter's is read-only). Several
+    janitors may run at once. Runs until SIGTERM or Ctrl-C unless --once. A channel that
+    fails is skipped, never the channels after it; a Redis outage is logged when passes start
+    failing and when they succeed again.
+    """
+    log_to_stderr(log_level)
+    interval = JANITOR_INTERVAL_S if interval_s is None else interval_s
+    if interval <= 0 or batch <= 0:
+        raise Exit("--interval-s and --batch must be positive", 2)
+    settings = settings_for(url, prefix, cluster)
+    required_url(settings, ": the janitor sweeps a shared Redis")
+    bus = Bus.from_settings(settings)
+    try:
+        if once:
+            r = sweep_all(bus, batch=batch)
+            sys.stdout.write(
+                f"{r.channels} channels: {r.trimmed} trimmed, {r.dead_lettered} dead-lettered, "
+                f"{r.consumers_removed} consumers removed, {r.expired_undone} expired undone, "
+                f"{r.failed} failed\n"
+            )
+            if r.errors:
+                more = f" (and {len(r.errors) - 1} more)" if len(r.errors) > 1 else ""
+                raise Exit(f"janitor: {r.errors[0]}{more}", 1)
+            return
+        run(bus, interval, _stop_on_signals(), batch=batch)
+    finally:
+        bus.close()
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+if __name__ == "__main__":
+    raise SystemExit(program(janitor, "janitor"))

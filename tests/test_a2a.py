@@ -598,11 +598,12 @@ def test_done_without_reply_completes_with_the_result_and_tasks_are_listed(
 
 def test_command_refuses_bad_tokens_and_externals(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-):
-    from redisbus._cli_run import run_command
+) -> None:
+    from redisbus._commands import program
+    from redisbus.cli.a2a import a2a
 
     def main(argv: list[str]) -> int:
-        return run_command("a2a", argv)
+        return program(a2a, "a2a", argv)
 
     monkeypatch.setenv("REDISBUS_A2A_TOKENS", '["not", "a", "mapping"]')
     assert main(["--channel", "c"]) == 2

@@ -28,9 +28,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redisbus import AsyncBus, Bus, BusSettings
-from redisbus._cli_run import run_command
+from redisbus._commands import program
 from redisbus._model import id_ms
 from redisbus.exporter import Exporter, ExporterSettings
+from redisbus.exporter import exporter as exporter_command
 from redisbus.janitor import sweep_all
 from redisbus.metrics import AGENT_STATUSES, FLEET_COUNTERS, FLEET_GAUGES
 from tests import cluster_servers, test_redis_acl
@@ -594,16 +595,21 @@ def _answers(port: int) -> bool:
         return False
 
 
+def exporter_cli(*argv: str) -> int:
+    """``python -m redisbus.exporter ARGV...`` in this process: its exit status."""
+    return program(exporter_command, "exporter", argv)
+
+
 def test_command_line_refuses_without_redis_url(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("REDISBUS_URL", raising=False)
-    assert run_command("exporter", ["--port", "0"]) == 3
+    assert exporter_cli("--port", "0") == 3
     assert "REDISBUS_URL" in capsys.readouterr().err
 
 
 def test_command_line_refuses_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_command("exporter", ["--url", "redis://127.0.0.1:1/0", "--port", "70000"]) == 2
+    assert exporter_cli("--url", "redis://127.0.0.1:1/0", "--port", "70000") == 2
     assert "exporter_port" in capsys.readouterr().err
 
 

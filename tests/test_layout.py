@@ -35,7 +35,6 @@ LAZY_OK: dict[str, str] = {
     "uvicorn": "optional: the console, MCP and A2A extras",
     "hermes_cli": "the host application: present only inside Hermes",
     "tools": "the host application: present only inside Hermes",
-    "redisbus.exporter": "heavy (prometheus_client, the fleet reader): only its commands",
     "redisbus.integrations.mcp._server": "optional: the MCP SDK, only when `redisbus mcp` runs",
     "redisbus.integrations.a2a": "optional: the A2A SDK, only when `redisbus a2a` runs",
     "redisbus.console": "optional: starlette and uvicorn, only when `redisbus console` runs",

@@ -38,7 +38,7 @@ EXTRA_OF = {
     "redisbus/_trust.py": "signing",
     "redisbus/integrations/hermes/": "hermes",
     "redisbus/_otel.py": "otel",
-    "redisbus/_cli_a2a.py": "a2a",
+    "redisbus/cli/a2a.py": "a2a",
 }
 
 

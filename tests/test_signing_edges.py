@@ -314,7 +314,7 @@ def test_join_and_the_heartbeat_measure_the_clock_themselves(redis_url: str, fac
 
 
 def test_doctor_fails_a_skewed_clock_and_a_full_server(redis_url: str, tmp_path: Path) -> None:
-    from redisbus._cli_doctor import clock_check, eviction_check
+    from redisbus.cli.doctor import clock_check, eviction_check
 
     r = Bus.from_url(redis_url, settings=settings()).redis
     signing = settings(signing_keys={"k1": "fleet"})

@@ -12,64 +12,27 @@ unless told otherwise.
 
     redisbus console [--url URL] [--host 127.0.0.1] [--port 8484] [--token TOKEN]
 
-The command (its options and their checks) is ``redisbus._cli_console``; this module serves.
+The command (its options and their checks) is ``_command``, which imports the web app
+(``_app``) and its server (``_serve``) only when it runs: this package imports neither until
+one of its names below is used, so ``redisbus --help`` works without the extra.
 """
 
 from __future__ import annotations
 
-import socket
-import sys
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-
-from .._cli_base import Exit
-from .._settings import BusSettings
-from ..aio import AsyncBus
-from ._app import LOOPBACK_HOSTS, ConsoleConfig, create_app
+if TYPE_CHECKING:
+    from ._app import ConsoleConfig, create_app
+    from ._serve import serve
 
 __all__ = ["ConsoleConfig", "create_app", "serve"]
 
-
-def serve(
-    settings: BusSettings,
-    host: str,
-    port: int,
-    token: str | None = None,
-    messages: int = 200,
-    stuck_after_s: float = 60.0,
-    allowed_hosts: list[str] | None = None,
-) -> int:
-    """Serve the console on ``host:port`` until Ctrl-C; the exit status (0, or 1 when the
-    server never started). A port that cannot be bound is ``Exit`` (1) before any banner."""
-    try:  # bound before the banner: a port in use is said plainly, not after a "started"
-        sock = listen(host, port)
-    except OSError as e:
-        raise Exit(f"console cannot listen on {host}:{port}: {e.strerror or e}", 1) from e
-    hosts = allowed_hosts or (LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else ["*"])
-    config = ConsoleConfig(
-        token=token, limit=messages, stuck_after_s=stuck_after_s, allowed_hosts=tuple(hosts)
-    )
-    app = create_app(lambda: AsyncBus.from_settings(settings), config)
-    mode = "changes need the token" if token else "read-only"
-    shown = f"[{host}]" if ":" in host else host
-    sys.stderr.write(f"redisbus console on http://{shown}:{port}/ ({mode}); Ctrl-C to stop\n")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-    with sock:
-        server.run(sockets=[sock])
-    return 0 if server.started else 1
+# starlette and uvicorn are an optional extra: imported when one of these names is first used
+_LAZY = {"ConsoleConfig": "._app", "create_app": "._app", "serve": "._serve"}
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (what uvicorn would bind), for uvicorn to serve on."""
-    family, kind, proto, _, addr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

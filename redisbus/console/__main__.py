@@ -2,6 +2,7 @@
 
 import sys
 
-from ..cli import main
+from .._commands import program
+from ._command import console
 
-main(["console", *sys.argv[1:]])
+sys.exit(program(console, "console"))

@@ -25,7 +25,6 @@ A2A error carrying the redisbus reason (see ``docs/a2a.md``).
 from __future__ import annotations
 
 import json
-import sys
 
 from ..._errors import InvalidInput
 from ._convert import card_for, refusal
@@ -71,9 +70,3 @@ def parse_external(spec: str, parent: str | None = None) -> External:
     if not url.startswith(("http://", "https://")):
         raise InvalidInput(f"--external wants URL or NAME=URL with an http(s) URL, got {spec!r}")
     return External(url=url, name=name or None, parent=parent)
-
-
-if __name__ == "__main__":  # python -m redisbus.integrations.a2a: the `redisbus a2a` command
-    from ..._cli_run import run_command
-
-    sys.exit(run_command("a2a"))

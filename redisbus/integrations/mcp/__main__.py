@@ -2,6 +2,7 @@
 
 import sys
 
-from ..._cli_run import run_command
+from ..._commands import program
+from ._command import mcp
 
-sys.exit(run_command("mcp"))
+sys.exit(program(mcp, "mcp"))

@@ -1,17 +1,15 @@
-"""``redisbus mcp``: the command, on the same parser, help style, environment variables and exit
-statuses as the other ``redisbus`` commands (failures reach ``redisbus.cli.main``, which prints
-one line and exits 1 refused, 2 bad input, 3 no Redis). Imports no MCP SDK until it runs, so
-``redisbus --help`` works without the ``mcp`` extra."""
+"""``redisbus mcp`` and ``python -m redisbus.integrations.mcp``: the command, with the help
+style, environment variables and exit statuses of the other ``redisbus`` commands (failures
+reach ``redisbus._commands.run``, which prints one line and exits 1 refused, 2 bad input, 3 no
+Redis). Imports no MCP SDK until it runs, so ``redisbus --help`` works without the ``mcp``
+extra."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
-from ..._cli_base import ClusterOpt, Exit, PrefixOpt, UrlOpt, given
+from ..._commands import BusAddress, Exit, option, with_address
 from ..._errors import InvalidInput
-from ..._settings import BusSettings
 from ._exposure import check_exposure
 
 TRANSPORTS = ("stdio", "http", "streamable-http")
@@ -29,80 +27,69 @@ loopback address: a non-loopback `--host` without one is refused.
 """
 
 
+@with_address
 def mcp(
+    address: BusAddress,
     channel: Annotated[
         str,
-        typer.Option(
+        option(
             "--channel",
-            envvar="REDISBUS_MCP_CHANNEL",
+            "REDISBUS_MCP_CHANNEL",
+            "Channel to join (created with the default limits if new).",
             show_default=False,
-            help="Channel to join (created with the default limits if new).",
         ),
     ],
     agent: Annotated[
         str,
-        typer.Option(
+        option(
             "--as",
-            envvar=["REDISBUS_MCP_AS", "REDISBUS_AS"],
+            ["REDISBUS_MCP_AS", "REDISBUS_AS"],
+            "This server's agent name (joins under it, or re-attaches).",
             show_default=False,
-            help="This server's agent name (joins under it, or re-attaches).",
         ),
     ],
     parent: Annotated[
-        str | None,
-        typer.Option(
-            "--parent", envvar=["REDISBUS_MCP_PARENT", "REDISBUS_PARENT"], help="Parent agent."
-        ),
+        str | None, option("--parent", ["REDISBUS_MCP_PARENT", "REDISBUS_PARENT"], "Parent agent.")
     ] = None,
     description: Annotated[
         str,
-        typer.Option(
+        option(
             "--description",
-            envvar=["REDISBUS_MCP_DESCRIPTION", "REDISBUS_DESCRIPTION"],
-            help="Agent card: what this agent does.",
+            ["REDISBUS_MCP_DESCRIPTION", "REDISBUS_DESCRIPTION"],
+            "Agent card: what this agent does.",
         ),
     ] = "",
     skills: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--skill",
-            envvar=["REDISBUS_MCP_SKILLS", "REDISBUS_SKILLS"],
-            help="Agent card skill (repeatable; the variable takes a comma-separated list).",
+            ["REDISBUS_MCP_SKILLS", "REDISBUS_SKILLS"],
+            "Agent card skill (repeatable; the variable takes a comma-separated list).",
         ),
     ] = None,
     transport: Annotated[
-        str,
-        typer.Option(
-            "--transport", envvar="REDISBUS_MCP_TRANSPORT", help="stdio | http (streamable HTTP)."
-        ),
+        str, option("--transport", "REDISBUS_MCP_TRANSPORT", "stdio | http (streamable HTTP).")
     ] = "stdio",
-    host: Annotated[
-        str, typer.Option("--host", envvar="REDISBUS_MCP_HOST", help="HTTP bind address.")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", envvar="REDISBUS_MCP_PORT", help="HTTP port.")] = (
-        8000
-    ),
+    host: Annotated[str, option("--host", "REDISBUS_MCP_HOST", "HTTP bind address.")] = "127.0.0.1",
+    port: Annotated[int, option("--port", "REDISBUS_MCP_PORT", "HTTP port.")] = (8000),
     token: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--token",
-            envvar="REDISBUS_MCP_TOKEN",
-            show_default=False,
-            help="HTTP bearer token every request must carry (prefer the variable: a command "
+            "REDISBUS_MCP_TOKEN",
+            "HTTP bearer token every request must carry (prefer the variable: a command "
             "line is visible to other users).",
+            show_default=False,
         ),
     ] = None,
     log_level: Annotated[
         str,
-        typer.Option(
+        option(
             "--log-level",
-            envvar="REDISBUS_MCP_LOG_LEVEL",
-            help="Server log level on stderr: DEBUG, INFO, WARNING, ERROR, CRITICAL.",
+            "REDISBUS_MCP_LOG_LEVEL",
+            "Server log level on stderr: DEBUG, INFO, WARNING, ERROR, CRITICAL.",
         ),
     ] = "WARNING",
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     if transport not in TRANSPORTS:
         raise InvalidInput(f"--transport must be stdio or http, got {transport!r}")
@@ -121,7 +108,7 @@ def mcp(
         raise Exit(f"`redisbus mcp` needs the mcp extra (missing {e.name}): pip install "
                    "'redisbus[mcp]'", 1) from e  # fmt: skip
 
-    settings = BusSettings(**given(url=url, prefix=prefix, cluster=cluster))
+    settings = address.settings()
     serve(
         channel,
         agent,
@@ -139,8 +126,3 @@ def mcp(
 
 
 mcp.__doc__ = HELP
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``mcp`` to the ``redisbus`` app."""
-    app.command("mcp")(mcp)

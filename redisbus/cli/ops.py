@@ -3,7 +3,6 @@ redis, demo."""
 
 from __future__ import annotations
 
-import signal
 import socket
 import sys
 import time
@@ -15,75 +14,63 @@ from rich.progress import track
 from rich.table import Table
 from rich.text import Text
 
-from ._cli_base import (
+from .._commands import BusAddress, Exit, Typer, err, option, with_address
+from .._core import message_from_fields
+from .._demo_script import DemoError
+from .._keys import ChannelKeys
+from .._model import DeadLetter
+from .._show import clock, member_tree, message_text, safe
+from .._validate import channel_name
+from ..bus import Channel
+from ..demo import run_demo
+from ..embedded import EmbeddedRedis, running_url, shared
+from ._shared import (
     ChannelArg,
-    ClusterOpt,
-    Exit,
     JsonOpt,
     LimitOpt,
-    PrefixOpt,
-    Typer,
-    UrlOpt,
-    app,
     connect,
-    err,
     existing_channel,
+    on_signals,
     out,
-    raw_redis,
+    print_items,
     write_json,
 )
-from ._cli_view import clock, member_tree, message_text, print_items, safe
-from ._core import message_from_fields
-from ._demo_script import DemoError
-from ._keys import ChannelKeys
-from ._model import DeadLetter
-from ._validate import channel_name
-from .bus import Channel
-from .demo import run_demo
-from .embedded import EmbeddedRedis, running_url, shared
 
 
-@app.command()
+@with_address
 def tail(
+    address: BusAddress,
     channel: ChannelArg,
     from_start: Annotated[
-        bool,
-        typer.Option(
-            "--from-start", envvar="REDISBUS_FROM_START", help="Print the channel's history first."
-        ),
+        bool, option("--from-start", "REDISBUS_FROM_START", "Print the channel's history first.")
     ] = False,
     count: Annotated[
         int | None,
-        typer.Option(
-            "--count", "-c", envvar="REDISBUS_COUNT", min=1, help="Stop after this many messages."
-        ),
+        option("--count", "REDISBUS_COUNT", "Stop after this many messages.", "-c", min=1),
     ] = None,
     timeout: Annotated[
         float | None,
-        typer.Option(
+        option(
             "--timeout",
-            envvar="REDISBUS_TAIL_TIMEOUT_S",
+            "REDISBUS_TAIL_TIMEOUT_S",
+            "Stop after this many seconds (exit 1 if --count was not reached).",
             min=0,
-            help="Stop after this many seconds (exit 1 if --count was not reached).",
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", envvar="REDISBUS_JSON", help="One JSON object per line.")
+        bool, option("--json", "REDISBUS_JSON", "One JSON object per line.")
     ] = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Follow a channel live (every message, whoever it is for) until Ctrl-C.
 
     Tail is read-only: it does not join, so it changes no read marks and no roster.
     """
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         keys = ChannelKeys.build(bus.settings.prefix, channel_name(channel))
         r = bus.redis
         last = "0-0"
         if not from_start:
-            newest = raw_redis(r.xrevrange, keys.stream, count=1)
+            newest = r.xrevrange(keys.stream, count=1)
             last = newest[0][0] if newest else "0-0"
         where = "from the start" if from_start else "new messages"
         if channel not in bus.channels():
@@ -93,7 +80,7 @@ def tail(
         # Ctrl-C (or SIGTERM) sets a flag, seen between blocks: no KeyboardInterrupt is thrown
         # into redis-py mid-read, and a tail started with SIGINT ignored (a background job of
         # a script) still stops on it, as `redisbus redis` and the daemons do
-        stopped = _on_signals()
+        stopped = on_signals()
         err.print(f"tailing {channel} ({where}); Ctrl-C to stop")
         while not stopped() and (count is None or seen < count):
             block_ms = 500  # short blocks: the deadline and Ctrl-C are noticed promptly
@@ -102,7 +89,7 @@ def tail(
                 if left <= 0:
                     break
                 block_ms = max(1, min(block_ms, int(left * 1000)))
-            batch = raw_redis(r.xread, {keys.stream: last}, count=100, block=block_ms)
+            batch = r.xread({keys.stream: last}, count=100, block=block_ms)
             for entry_id, fields in batch[0][1] if batch else []:
                 last = entry_id
                 m = message_from_fields(channel, entry_id, fields, read=False)
@@ -120,16 +107,14 @@ def tail(
             raise Exit(f"timeout: {seen} of {count} messages within {timeout:g} s", 1)
 
 
-@app.command()
+@with_address
 def agents(
+    address: BusAddress,
     channel: ChannelArg,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """The channel's members as a tree: status, host, undone messages."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         ch = existing_channel(bus, channel)
         members = ch.tree()
         counts = ch.counts()
@@ -139,18 +124,16 @@ def agents(
         out.print(member_tree(ch, members, counts))
 
 
-@app.command()
+@with_address
 def stats(
+    address: BusAddress,
     channels: Annotated[
         list[str] | None, typer.Argument(help="Channels (default: all).", show_default=False)
     ] = None,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Channels with their length, members, undone messages per agent, and pause state."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         names = channels or bus.channels()
         rows = []
         for name in track(names, console=err, transient=True, disable=len(names) < 50):
@@ -193,30 +176,32 @@ def stats(
         out.print(table)
 
 
-@app.command()
-def pause(
-    channel: ChannelArg, url: UrlOpt = None, prefix: PrefixOpt = None, cluster: ClusterOpt = False
-) -> None:
+@with_address
+def pause(address: BusAddress, channel: ChannelArg) -> None:
     """Refuse every send on the channel until `resume`."""
-    with connect(url, prefix, cluster) as bus:
-        existing_channel(bus, channel).pause()
-        err.print(f"{channel}: paused")
+    _switch(address, channel, "pause")
 
 
-@app.command()
-def resume(
-    channel: ChannelArg, url: UrlOpt = None, prefix: PrefixOpt = None, cluster: ClusterOpt = False
-) -> None:
+@with_address
+def resume(address: BusAddress, channel: ChannelArg) -> None:
     """Accept sends on a paused channel again."""
-    with connect(url, prefix, cluster) as bus:
-        existing_channel(bus, channel).resume()
-        err.print(f"{channel}: resumed")
+    _switch(address, channel, "resume")
 
 
-dlq = Typer(
-    help="Dead letters: messages delivered too many times without being done.", no_args_is_help=True
-)
-app.add_typer(dlq, name="dlq")
+def _switch(address: BusAddress, channel: str, how: str) -> None:
+    """``Channel.pause()`` or ``Channel.resume()``."""
+    with connect(address) as bus:
+        getattr(existing_channel(bus, channel), how)()
+        err.print(f"{channel}: {how.removesuffix('e')}ed")
+
+
+dlq = Typer(help="Dead letters: messages delivered too many times without being done.")
+
+
+@dlq.callback(invoke_without_command=True)
+def _dlq_help(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        sys.stdout.write(ctx.get_help() + "\n")
 
 
 def _dlq_of(ch: Channel) -> Any:
@@ -226,16 +211,15 @@ def _dlq_of(ch: Channel) -> Any:
 
 
 @dlq.command("list")
+@with_address
 def dlq_list(
+    address: BusAddress,
     channel: ChannelArg,
     limit: LimitOpt = 100,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """The channel's dead letters, oldest first."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         letters = _dlq_of(existing_channel(bus, channel)).dead_letters(limit=limit)
         print_items(letters, as_json, "no dead letters", _dead_letter_lines)
 
@@ -250,15 +234,14 @@ def _dead_letter_lines(d: DeadLetter) -> list[RenderableType]:
 
 
 @dlq.command("replay")
+@with_address
 def dlq_replay(
+    address: BusAddress,
     channel: ChannelArg,
     ids: Annotated[list[str], typer.Argument(help="Dead letter id(s).", show_default=False)],
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Give dead letters back to their recipients as new messages (prints the new ids)."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         ch = _dlq_of(existing_channel(bus, channel))
         for dead_id in ids:
             sys.stdout.write(f"{dead_id} -> {ch.replay(dead_id)}\n")
@@ -267,26 +250,16 @@ def dlq_replay(
 # -- running ----------------------------------------------------------------------------------
 
 
-@app.command("redis")
 def redis_server(
     port: Annotated[
         int | None,
-        typer.Option(
-            "--port",
-            "-p",
-            envvar="REDISBUS_REDIS_PORT",
-            help="Port [default: a free one].",
-            min=1,
-            max=65535,
+        option(
+            "--port", "REDISBUS_REDIS_PORT", "Port [default: a free one].", "-p", min=1, max=65535
         ),
     ] = None,
     data: Annotated[
         str | None,
-        typer.Option(
-            "--data",
-            envvar="REDISBUS_DATA_DIR",
-            help="Keep data here (AOF on) [default: temporary].",
-        ),
+        option("--data", "REDISBUS_DATA_DIR", "Keep data here (AOF on) [default: temporary]."),
     ] = None,
 ) -> None:
     """Run a private Redis in the foreground until Ctrl-C; prints the URL to export."""
@@ -303,7 +276,7 @@ def redis_server(
         server = owned
     else:
         server = EmbeddedRedis.start(port=port)
-    stop = _on_signals()
+    stop = on_signals()
     try:
         where = server.directory if data else "temporary, removed on exit"
         err.print(
@@ -333,49 +306,30 @@ def _port_is_free(port: int) -> None:
             ) from e
 
 
-def _on_signals() -> Any:
-    """Turn SIGINT/SIGTERM into a flag, so the server is stopped cleanly."""
-    flag: list[bool] = []
-
-    def handler(signum: int, frame: Any) -> None:
-        flag.append(True)
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return lambda: bool(flag)
-
-
-@app.command()
 def demo(
     agents_procs: Annotated[
         int,
-        typer.Option(
+        option(
             "--agents-procs",
-            envvar="REDISBUS_DEMO_PROCS",
+            "REDISBUS_DEMO_PROCS",
+            "OS processes for the three child agents (the director runs in this one).",
             min=1,
             max=3,
-            help="OS processes for the three child agents (the director runs in this one).",
         ),
     ] = 3,
     data: Annotated[
         str | None,
-        typer.Option(
-            "--data",
-            envvar="REDISBUS_DATA_DIR",
-            help="Embedded Redis keeps its data here (AOF on).",
-        ),
+        option("--data", "REDISBUS_DATA_DIR", "Embedded Redis keeps its data here (AOF on)."),
     ] = None,
     fast: Annotated[
-        bool, typer.Option("--fast", envvar="REDISBUS_DEMO_FAST", help="No pauses between turns.")
+        bool, option("--fast", "REDISBUS_DEMO_FAST", "No pauses between turns.")
     ] = False,
     url: Annotated[
         str | None,
-        typer.Option(
-            "--url", envvar="REDISBUS_URL", help="Use this Redis [default: start a private one]."
-        ),
+        option("--url", "REDISBUS_URL", "Use this Redis [default: start a private one]."),
     ] = None,
 ) -> None:
-    """The seed-000 anime production ('Neon Dreams') talking over the bus, live."""
+    """An anime production team ('Neon Dreams') talking over the bus, live."""
     try:
         run_demo(procs=agents_procs, data_dir=data, fast=fast, url=url)
     except DemoError as e:

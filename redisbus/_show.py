@@ -1,20 +1,18 @@
-"""How the ``redisbus`` command shows messages, receipts and trees. Message text is data:
-it is never parsed as markup, and control characters are shown, not obeyed."""
+"""How messages, receipts and member trees look in a terminal (rich text and tables), for the
+``redisbus`` command and the demo. Message text is data: it is never parsed as markup, and
+control characters are shown, not obeyed."""
 
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Protocol, TypeVar
 
-from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ._cli_base import err, out, write_json
-from ._errors import RedisbusError
+from ._commands import refusal_text
 from ._model import Member, Message, Receipt
 from .bus import Channel
 
@@ -79,37 +77,6 @@ def receipt_table(receipts: Sequence[Receipt], title: str | None = None) -> Tabl
             safe(note),
         )
     return table
-
-
-def refusal_text(e: RedisbusError) -> str:
-    """``code: reason``; a limit's reason carries its numbers (see ``LimitExceeded.__str__``)."""
-    return f"{e.code}: {e}"
-
-
-class _Shown(Protocol):
-    def as_dict(self) -> dict[str, object]: ...
-
-
-T = TypeVar("T", bound=_Shown)
-
-
-def print_items(
-    items: Sequence[T], as_json: bool, empty: str, lines: Callable[[T], Iterable[RenderableType]]
-) -> None:
-    """A listing command's output: with --json the items' ``as_dict()``, else each item's
-    lines, or ``empty`` on stderr when there is nothing."""
-    if as_json:
-        write_json([i.as_dict() for i in items])
-        return
-    if not items:
-        err.print(empty)
-    for item in items:
-        for line in lines(item):
-            out.print(line)
-
-
-def print_messages(msgs: Sequence[Message], as_json: bool, *, show_read: bool) -> None:
-    print_items(msgs, as_json, "no messages", lambda m: [message_text(m, show_read=show_read)])
 
 
 STATUS_STYLE = {

@@ -18,11 +18,12 @@ from urllib.parse import urlparse
 import redis
 from rich.text import Text
 
-from ._cli_base import ClusterOpt, Exit, JsonOpt, PrefixOpt, UrlOpt, app, connect, out, write_json
-from ._clock import FIX, skew_check
-from ._errors import BusConnectionError, human_number
-from ._keys import ChannelKeys, registry_key
-from ._scripts import source
+from .._clock import FIX, skew_check
+from .._commands import BusAddress, Exit, with_address
+from .._errors import BusConnectionError, human_number
+from .._keys import ChannelKeys, registry_key
+from .._scripts import source
+from ._shared import JsonOpt, connect, out, write_json
 
 Verdict = Literal["ok", "warn", "fail", "unknown"]
 
@@ -73,8 +74,8 @@ WRITES = {"HSET", "HSETNX", "HINCRBY", "SADD"}
 
 # Servers that replay the append-only file as the ``default`` ACL user and re-check its
 # permissions at each EXEC: the effects of every script reach the AOF as MULTI/EXEC, so with a
-# default user that may not run them, a restart drops what the scripts wrote (redis issue
-# 14541, valkey issue 3983). Redis 6.2 replays as a superuser; 7.0 made the AOF client the
+# default user that may not run them, a restart drops what the scripts wrote (redis/redis#14541,
+# valkey-io/valkey#3983 on GitHub). Redis 6.2 replays as a superuser; 7.0 made the AOF client the
 # default user. The fixes (redis PR 14545, valkey PR 3984) are merged, but no release is
 # known here to carry them, so every Redis from 7.0 and every Valkey counts as affected; set
 # the first fixed version here once one is established.
@@ -91,16 +92,14 @@ class Check:
     node: str = ""  # on a Cluster: the primary it was checked on
 
 
-@app.command()
+@with_address
 def doctor(
+    address: BusAddress,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Check a Redis for what the bus needs: version, eviction policy, ACL permissions, script
     load, persistence, latency, the janitor. Prints what to fix; exit 1 when a check fails."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         bus.ping()  # an unreachable Redis exits 3 like every command's, not as a failed check
         try:
             checks = all_checks(bus)

@@ -9,32 +9,20 @@ from typing import Annotated
 
 import typer
 
-from ._acl import acl_user
-from ._cli_base import (
-    ChannelArg,
-    ClusterOpt,
-    JsonOpt,
-    PrefixOpt,
-    UrlOpt,
-    app,
-    connect,
-    existing_channel,
-    out,
-    write_json,
-)
-from ._errors import InvalidInput
+from .._acl import acl_user
+from .._commands import BusAddress, PrefixOpt, with_address
+from .._errors import InvalidInput
+from ._shared import ChannelArg, JsonOpt, connect, existing_channel, out, write_json
 
 
-@app.command()
+@with_address
 def repair(
+    address: BusAddress,
     channel: ChannelArg,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Rebuild the channel's inbox counters from its stream; print what was fixed."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         fixed = existing_channel(bus, channel).repair()
     if as_json:
         write_json({n: {"stored": old, "counted": new} for n, (old, new) in fixed.items()})
@@ -45,7 +33,6 @@ def repair(
         out.print(f"{name}: {'missing' if old is None else old} -> {new}", markup=False)
 
 
-@app.command()
 def acl(
     user: Annotated[str, typer.Argument(help="ACL user name (one per agent host).")],
     channels: Annotated[
@@ -67,7 +54,6 @@ def acl(
     sys.stdout.write(acl_user(user, password, channels, prefix or "rb") + "\n")
 
 
-@app.command()
 def keygen(
     path: Annotated[
         str,
@@ -80,7 +66,7 @@ def keygen(
     """Make this host's Ed25519 key; print the public key for the trust list. The key's
     directory is never created for you: where a private key lives, and who may read it, is
     the operator's choice (a mistyped path should fail, not make a new directory)."""
-    from ._trust import generate_key
+    from .._trust import generate_key
 
     where = os.path.dirname(os.path.abspath(path))
     try:

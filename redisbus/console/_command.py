@@ -1,6 +1,7 @@
-"""``redisbus console``: the command, with the options, variables, help, completion and exit
-statuses of every ``redisbus`` command. The web app and its server (starlette and uvicorn, the
-``console`` extra) are imported only when it runs, so ``redisbus --help`` works without them."""
+"""``redisbus console`` and ``python -m redisbus.console``: the command, with the options,
+variables, help and exit statuses of every ``redisbus`` command. The web app and its server
+(starlette and uvicorn, the ``console`` extra) are imported only when it runs, so ``redisbus
+--help`` works without them."""
 
 from __future__ import annotations
 
@@ -8,68 +9,63 @@ from typing import Annotated
 
 import typer
 
-from ._cli_base import ClusterOpt, Exit, PrefixOpt, UrlOpt, app, settings_for
-from ._errors import InvalidInput
+from .._commands import BusAddress, Exit, option, with_address
+from .._errors import InvalidInput
 
 MAX_STUCK_AFTER_S = 86_400 * 30
 
 
-@app.command("console")
+@with_address
 def console(
+    address: BusAddress,
     host: Annotated[
         str,
-        typer.Option(
-            "--host",
-            envvar="REDISBUS_CONSOLE_HOST",
-            help="Address to bind (the default is loopback only).",
+        option(
+            "--host", "REDISBUS_CONSOLE_HOST", "Address to bind (the default is loopback only)."
         ),
     ] = "127.0.0.1",
     port: Annotated[
-        int,
-        typer.Option("--port", envvar="REDISBUS_CONSOLE_PORT", min=1, max=65535, help="Port."),
+        int, option("--port", "REDISBUS_CONSOLE_PORT", "Port.", min=1, max=65535)
     ] = 8484,
     token: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--token",
-            envvar="REDISBUS_CONSOLE_TOKEN",
-            show_default=False,
-            help="Allow replay, pause and resume to requests bearing this token (at least 8 "
+            "REDISBUS_CONSOLE_TOKEN",
+            "Allow replay, pause and resume to requests bearing this token (at least 8 "
             "characters; prefer the variable: a command line is visible to other users). "
             "Without one the console is read-only.",
+            show_default=False,
         ),
     ] = None,
     messages: Annotated[
         int,
-        typer.Option(
+        option(
             "--messages",
-            envvar="REDISBUS_CONSOLE_MESSAGES",
+            "REDISBUS_CONSOLE_MESSAGES",
+            "Latest messages shown per channel.",
             min=1,
             max=10_000,
-            help="Latest messages shown per channel.",
         ),
     ] = 200,
     stuck_after: Annotated[
         float,
-        typer.Option(
+        option(
             "--stuck-after",
-            envvar="REDISBUS_CONSOLE_STUCK_AFTER_S",
-            help="Seconds after which an unfinished message counts as stuck.",
+            "REDISBUS_CONSOLE_STUCK_AFTER_S",
+            "Seconds after which an unfinished message counts as stuck.",
         ),
     ] = 60.0,
     allowed_host: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--allowed-host",
-            envvar="REDISBUS_CONSOLE_ALLOWED_HOSTS",
-            show_default=False,
-            help="Host header to accept (repeatable; the variable takes a space-separated "
+            "REDISBUS_CONSOLE_ALLOWED_HOSTS",
+            "Host header to accept (repeatable; the variable takes a space-separated "
             "list). Default: the loopback names, or any when --host is not loopback.",
+            show_default=False,
         ),
     ] = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Live web console of the channels in a browser (read-only without a token).
 
@@ -85,7 +81,7 @@ def console(
     if token is not None and len(token) < 8:
         raise InvalidInput("--token must be at least 8 characters")
     try:
-        from .console import serve  # starlette and uvicorn, from here on
+        from ._serve import serve  # starlette and uvicorn, from here on
     except ModuleNotFoundError as e:
         if (e.name or "").startswith("redisbus"):
             raise
@@ -94,6 +90,6 @@ def console(
             "redisbus with it, e.g. pip install '.[console]' in a checkout",
             1,
         ) from e
-    settings = settings_for(url, prefix, cluster)
+    settings = address.settings(metrics=False)
     status = serve(settings, host, port, token, messages, stuck_after, allowed_host or [])
     raise typer.Exit(status)

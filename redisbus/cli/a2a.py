@@ -10,101 +10,89 @@ import os
 import sys
 from typing import Annotated, Any
 
-import typer
-
-from ._cli_base import Exit, UrlOpt, app
-from ._errors import InvalidInput
-from ._settings import BusSettings
+from .._commands import Exit, UrlOpt, option
+from .._errors import InvalidInput
+from .._settings import BusSettings
 
 
-@app.command("a2a")
 def a2a(
     channel: Annotated[
-        str,
-        typer.Option(
-            "--channel",
-            envvar="REDISBUS_A2A_CHANNEL",
-            show_default=False,
-            help="Channel to bridge.",
-        ),
+        str, option("--channel", "REDISBUS_A2A_CHANNEL", "Channel to bridge.", show_default=False)
     ],
-    host: Annotated[
-        str, typer.Option("--host", envvar="REDISBUS_A2A_HOST", help="Bind address.")
-    ] = "127.0.0.1",
+    host: Annotated[str, option("--host", "REDISBUS_A2A_HOST", "Bind address.")] = "127.0.0.1",
     port: Annotated[
-        int,
-        typer.Option("--port", envvar="REDISBUS_A2A_PORT", min=1, max=65535, help="Bind port."),
+        int, option("--port", "REDISBUS_A2A_PORT", "Bind port.", min=1, max=65535)
     ] = 8700,
     public_url: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--public-url",
-            envvar="REDISBUS_A2A_PUBLIC_URL",
-            help="Base URL the cards advertise [default: http://HOST:PORT].",
+            "REDISBUS_A2A_PUBLIC_URL",
+            "Base URL the cards advertise [default: http://HOST:PORT].",
         ),
     ] = None,
     tokens_file: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--tokens-file",
-            envvar="REDISBUS_A2A_TOKENS_FILE",
-            help='JSON {"TOKEN": "member-name"}: the callers and the names they speak as (or '
+            "REDISBUS_A2A_TOKENS_FILE",
+            'JSON {"TOKEN": "member-name"}: the callers and the names they speak as (or '
             "the JSON itself in REDISBUS_A2A_TOKENS).",
         ),
     ] = None,
     external: Annotated[
         list[str] | None,
-        typer.Option(
+        option(
             "--external",
-            envvar="REDISBUS_A2A_EXTERNAL",
-            help="URL or NAME=URL of an A2A agent to add as a member; repeatable (in the "
+            "REDISBUS_A2A_EXTERNAL",
+            "URL or NAME=URL of an A2A agent to add as a member; repeatable (in the "
             "environment: separated by commas or spaces).",
         ),
     ] = None,
     external_parent: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--external-parent",
-            envvar="REDISBUS_A2A_EXTERNAL_PARENT",
-            help="Parent of the external agents' members (family channels).",
+            "REDISBUS_A2A_EXTERNAL_PARENT",
+            "Parent of the external agents' members (family channels).",
         ),
     ] = None,
     external_auth_file: Annotated[
         str | None,
-        typer.Option(
+        option(
             "--external-auth-file",
-            envvar="REDISBUS_A2A_EXTERNAL_AUTH_FILE",
-            help='JSON {"NAME or URL": "TOKEN" or {"Header": "value"}}: what to send each '
+            "REDISBUS_A2A_EXTERNAL_AUTH_FILE",
+            'JSON {"NAME or URL": "TOKEN" or {"Header": "value"}}: what to send each '
             "external agent (a string is a bearer token; or the JSON itself in "
             "REDISBUS_A2A_EXTERNAL_AUTH). Never on the command line.",
         ),
     ] = None,
     external_timeout: Annotated[
         float,
-        typer.Option(
+        option(
             "--external-timeout",
-            envvar="REDISBUS_A2A_EXTERNAL_TIMEOUT_S",
-            min=1,
-            help="Seconds an external agent's answer may take (a Hermes turn holds the request "
+            "REDISBUS_A2A_EXTERNAL_TIMEOUT_S",
+            "Seconds an external agent's answer may take (a Hermes turn holds the request "
             "open that long).",
+            min=1,
         ),
     ] = 300.0,
     send_wait: Annotated[
         float,
-        typer.Option(
+        option(
             "--send-wait",
-            envvar="REDISBUS_A2A_SEND_WAIT_S",
+            "REDISBUS_A2A_SEND_WAIT_S",
+            "Seconds a blocking SendMessage waits for the reply before returning the task.",
             min=0,
-            help="Seconds a blocking SendMessage waits for the reply before returning the task.",
         ),
     ] = 30.0,
     url: UrlOpt = None,
     log_level: Annotated[
         str,
-        typer.Option(
+        option(
             "--log-level",
-            envvar="REDISBUS_A2A_LOG_LEVEL",
-            help="uvicorn's log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
+            "REDISBUS_A2A_LOG_LEVEL",
+            "uvicorn's log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.",
         ),
     ] = "WARNING",
 ) -> None:
@@ -112,7 +100,7 @@ def a2a(
     try:
         import uvicorn
 
-        from .integrations import a2a as bridge
+        from ..integrations import a2a as bridge
     except ModuleNotFoundError as e:
         raise Exit(f"`redisbus a2a` needs the a2a extra: pip install 'redisbus[a2a]' ({e})") from e
 
@@ -155,7 +143,7 @@ def a2a(
 
 def _externals(found: list[Any], auth_file: str | None, timeout_s: float) -> list[Any]:
     """The externals with their headers (from a file or the environment) and timeout."""
-    from .integrations.a2a._outbound import External, load_external_auth, with_auth
+    from ..integrations.a2a._outbound import External, load_external_auth, with_auth
 
     text = os.environ.get("REDISBUS_A2A_EXTERNAL_AUTH")
     where = "REDISBUS_A2A_EXTERNAL_AUTH"
@@ -178,7 +166,7 @@ def _reachable(externals: list[Any]) -> None:
     """Each external agent's card answers, before anything is served: one line, exit 2."""
     import httpx
 
-    from .integrations.a2a._outbound import fetch_card, http_client
+    from ..integrations.a2a._outbound import fetch_card, http_client
 
     async def check(ext: Any) -> None:
         async with http_client(ext) as http:

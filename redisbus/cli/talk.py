@@ -8,49 +8,37 @@ import sys
 import time
 from typing import Annotated, Any
 
-import redis
 import typer
 from rich.text import Text
 
-from . import _core as core
-from . import _validate as check
-from ._cli_base import (
+from .. import _core as core
+from .. import _validate as check
+from .._commands import BusAddress, Exit, err, option, refusal_text, with_address
+from .._errors import BusConnectionError, InvalidInput, RedisbusError
+from .._model import Member, Message, Receipt
+from .._show import message_text, receipt_table, safe
+from ..bus import Agent
+from ._shared import (
     AsOpt,
     ChannelArg,
-    ClusterOpt,
-    Exit,
     FilterOpt,
     JsonOpt,
     LimitOpt,
     ParentOpt,
-    PrefixOpt,
     RoutingOpt,
     SinceOpt,
-    UrlOpt,
+    acting,
     agent_option,
-    app,
     attach,
     connect,
-    err,
     existing_channel,
-    existing_member,
     member_handle,
     out,
     precheck,
-    raw_redis,
-    write_json,
-)
-from ._cli_view import (
-    message_text,
     print_items,
     print_messages,
-    receipt_table,
-    refusal_text,
-    safe,
+    write_json,
 )
-from ._errors import BusConnectionError, InvalidInput, RedisbusError
-from ._model import Member, Message, Receipt
-from .bus import Agent, Bus, Channel
 
 # -- talking ----------------------------------------------------------------------------------
 
@@ -66,26 +54,23 @@ def recipients(to: str) -> str | list[str]:
     return names
 
 
-@app.command()
+@with_address
 def join(
+    address: BusAddress,
     channel: ChannelArg,
     agent: AsOpt,
     parent: ParentOpt = None,
     description: Annotated[
-        str, typer.Option("--description", envvar="REDISBUS_DESCRIPTION", help="Agent card.")
+        str, option("--description", "REDISBUS_DESCRIPTION", "Agent card.")
     ] = "",
     skills: Annotated[
-        list[str] | None,
-        typer.Option("--skill", envvar="REDISBUS_SKILLS", help="Agent card skill (repeatable)."),
+        list[str] | None, option("--skill", "REDISBUS_SKILLS", "Agent card skill (repeatable).")
     ] = None,
     routing: RoutingOpt = None,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Join --as NAME to a channel (creating the channel if needed), so others can address it."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         ch = bus.channel(channel, routing=routing)
         me = attach(ch, agent, parent, bus.settings, description=description, skills=skills or ())
         if as_json:
@@ -105,8 +90,9 @@ def join(
             )
 
 
-@app.command()
+@with_address
 def send(
+    address: BusAddress,
     channel: ChannelArg,
     to: Annotated[
         str,
@@ -119,30 +105,25 @@ def send(
     agent: AsOpt,
     parent: ParentOpt = None,
     subject: Annotated[str, typer.Option("--subject", "-s", envvar="REDISBUS_SUBJECT")] = "",
-    type_: Annotated[
-        str, typer.Option("--type", "-t", envvar="REDISBUS_TYPE", help="message, request, ...")
-    ] = "message",
+    type_: Annotated[str, option("--type", "REDISBUS_TYPE", "message, request, ...", "-t")] = (
+        "message"
+    ),
     priority: Annotated[int, typer.Option("--priority", envvar="REDISBUS_PRIORITY")] = 0,
     reply_to: Annotated[str | None, typer.Option("--reply-to", envvar="REDISBUS_REPLY_TO")] = None,
-    ttl: Annotated[float | None, typer.Option("--ttl", envvar="REDISBUS_TTL_S", help="s")] = None,
+    ttl: Annotated[float | None, option("--ttl", "REDISBUS_TTL_S", "s")] = None,
     key: Annotated[
         str | None, typer.Option("--idempotency-key", envvar="REDISBUS_IDEMPOTENCY_KEY")
     ] = None,
     await_delivery: Annotated[
         float | None,
-        typer.Option(
+        option(
             "--await-delivery",
-            envvar="REDISBUS_AWAIT_DELIVERY_S",
-            help=(
-                "Wait up to this many seconds for the recipient to fetch it; exit 1 when it "
-                "has not by then (the message stays queued)."
-            ),
+            "REDISBUS_AWAIT_DELIVERY_S",
+            "Wait up to this many seconds for the recipient to fetch it; exit 1 when it has not "
+            "by then (the message stays queued).",
         ),
     ] = None,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Send a message as --as NAME on an existing channel (joining NAME if it is not a member).
 
@@ -164,7 +145,7 @@ def send(
     core.plan_send(agent, target, text, **fields)  # bad input: refused before anything joins
     if await_delivery is not None:
         check.seconds(await_delivery, "await_delivery")
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         ch = existing_channel(bus, channel)
         new = agent not in ch.members()
         me = attach(ch, agent, parent, bus.settings)
@@ -172,13 +153,13 @@ def send(
             result = me.send(target, text, await_delivery=await_delivery, **fields)
         except (InvalidInput, BusConnectionError):
             if new:
-                _leave_again(bus, ch, me)
+                ch.leave(me)
             raise
         except RedisbusError as e:  # one recipient, refused: a rejected receipt, as for lists
             result = Receipt(id=None, to=to, status="rejected", error=e)
         receipts: list[Receipt] = result if isinstance(result, list) else [result]
         if new and not any(r.id for r in receipts):
-            _leave_again(bus, ch, me)
+            ch.leave(me)  # nothing was sent: the join is undone, unless it was used meanwhile
         if as_json:
             write_json(
                 [r.as_dict() for r in receipts] if isinstance(result, list) else result.as_dict()
@@ -212,57 +193,24 @@ def send(
         )
 
 
-def _leave_again(bus: Bus, ch: Channel, me: Agent) -> bool:
-    """Undo the join of a member this command created, when nothing was sent: the member,
-    its consumer group and its lease go again. Guarded by WATCH: when anything else touched
-    the member meanwhile (a message to it, a child, a status), it is left in place."""
-    me.close()  # no more heartbeats for it
-    k, r = ch.keys, bus.redis
-    with r.pipeline() as p:
-        try:
-            raw_redis(p.watch, k.members, k.parents, k.status, k.inbox)
-            record = p.hget(k.members, me.name)
-            undone = int(p.hget(k.inbox, me.name) or 0)
-            children = me.name in p.hvals(k.parents)
-            if record is None or me.id not in record or undone or children:
-                return False
-            p.multi()
-            p.hdel(k.members, me.name)
-            p.hdel(k.parents, me.name)
-            p.hdel(k.status, me.name)
-            p.hdel(k.ids, me.id)
-            p.hdel(k.inbox, me.name)
-            p.hdel(k.beat, f"{me.name}\n{me.replica}")  # the field join.lua writes
-            p.xgroup_destroy(k.stream, me.name)
-            raw_redis(p.execute)
-            return True
-        except redis.WatchError:
-            return False
-
-
-@app.command()
+@with_address
 def read(
+    address: BusAddress,
     channel: ChannelArg,
     agent: AsOpt,
     filter_by: FilterOpt = "unread",
     since: SinceOpt = None,
     limit: LimitOpt = 100,
     done: Annotated[
-        bool,
-        typer.Option(
-            "--done", envvar="REDISBUS_DONE", help="Also mark the messages addressed to you done."
-        ),
+        bool, option("--done", "REDISBUS_DONE", "Also mark the messages addressed to you done.")
     ] = False,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Read messages in full as an existing member; those addressed to you become read
     (default filter: unread)."""
     precheck(filter_by=filter_by, since=since, limit=limit)
-    with connect(url, prefix, cluster) as bus:
-        me = _acting(existing_channel(bus, channel), agent, bus)
+    with connect(address) as bus:
+        me = acting(existing_channel(bus, channel), agent, bus)
         msgs = me.read(filter_by=filter_by, since=since, limit=limit)
         # what this read returned to its addressee is read now, whatever it was before
         msgs = [dataclasses.replace(m, read=True) if me.name in m.to else m for m in msgs]
@@ -272,25 +220,23 @@ def read(
         print_messages(msgs, as_json, show_read=False)
 
 
-@app.command("list")
+@with_address
 def list_(
+    address: BusAddress,
     channel: ChannelArg,
     agent: AsOpt,
     filter_by: FilterOpt = "all",
     since: SinceOpt = None,
     limit: LimitOpt = 100,
     preview: Annotated[
-        int, typer.Option("--preview", envvar="REDISBUS_PREVIEW_CHARS", help="Body chars shown.")
+        int, option("--preview", "REDISBUS_PREVIEW_CHARS", "Body chars shown.")
     ] = 200,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """List message headers and read flags as an existing member; changes nothing (default
     filter: all)."""
     precheck(filter_by=filter_by, since=since, limit=limit, preview=preview)
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         me = member_handle(existing_channel(bus, channel), agent, bus.settings)
         print_messages(
             me.list(filter_by=filter_by, since=since, limit=limit, preview_chars=preview),
@@ -299,21 +245,18 @@ def list_(
         )
 
 
-@app.command()
+@with_address
 def wait(
+    address: BusAddress,
     channel: ChannelArg,
     agent: AsOpt,
     timeout: Annotated[
-        float, typer.Option("--timeout", envvar="REDISBUS_WAIT_TIMEOUT_S", help="s, at most 300.")
+        float, option("--timeout", "REDISBUS_WAIT_TIMEOUT_S", "s, at most 300.")
     ] = 30.0,
     done: Annotated[
-        bool,
-        typer.Option("--done", envvar="REDISBUS_DONE", help="Also mark what it returns done."),
+        bool, option("--done", "REDISBUS_DONE", "Also mark what it returns done.")
     ] = False,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Block until a message for --as NAME that it has not read yet (exit 1 on timeout).
 
@@ -321,8 +264,8 @@ def wait(
     crashed replica left). They stay undone until `redisbus done` or `wait --done`.
     """
     precheck(timeout=timeout)
-    with connect(url, prefix, cluster) as bus:
-        me = _acting(existing_channel(bus, channel), agent, bus)
+    with connect(address) as bus:
+        me = acting(existing_channel(bus, channel), agent, bus)
         kind, msgs = _wait_unread(me, timeout)
         if done and msgs:
             me.mark_done(msgs)
@@ -354,8 +297,7 @@ def _wait_unread(me: Agent, timeout: float) -> tuple[str, list[Message]]:
 
 def _read_before(me: Agent) -> set[str]:
     """Ids pending for this command's replica that the agent has read already."""
-    pending = raw_redis(
-        me.channel.bus.redis.xpending_range,
+    pending = me.channel.bus.redis.xpending_range(
         me.channel.keys.stream,
         me.name,
         min="-",
@@ -371,37 +313,33 @@ def _read_before(me: Agent) -> set[str]:
     return seen
 
 
-@app.command()
+@with_address
 def done(
+    address: BusAddress,
     channel: ChannelArg,
     ids: Annotated[list[str], typer.Argument(help="Message id(s).", show_default=False)],
     agent: AsOpt,
     result: Annotated[str, typer.Option("--result", envvar="REDISBUS_RESULT")] = "ok",
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Mark messages addressed to --as NAME (an existing member) done."""
     precheck(ids=ids, result=result)
-    with connect(url, prefix, cluster) as bus:
-        me = _acting(existing_channel(bus, channel), agent, bus)
+    with connect(address) as bus:
+        me = acting(existing_channel(bus, channel), agent, bus)
         changed = me.mark_done(ids, result=result)
         err.print("done" if changed else "already done")
 
 
-@app.command()
+@with_address
 def receipt(
+    address: BusAddress,
     channel: ChannelArg,
     message_id: Annotated[str, typer.Argument(metavar="ID", help="Message id.")],
     agent: AsOpt,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Show the receipts of a message: queued, delivered, read, done per recipient."""
     precheck(ids=[message_id])
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         me = member_handle(existing_channel(bus, channel), agent, bus.settings)
         receipts = me.receipt(message_id)
         if as_json:
@@ -410,19 +348,17 @@ def receipt(
             out.print(receipt_table(receipts, title=f"message {message_id}"))
 
 
-@app.command()
+@with_address
 def discover(
+    address: BusAddress,
     channel: ChannelArg,
     agent: AsOpt,
     query: Annotated[str, typer.Argument(help="Words to match against agent cards.")] = "",
     limit: LimitOpt = 20,
     as_json: JsonOpt = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
 ) -> None:
     """Members --as NAME may reach, ranked by how well their cards (skills, description) match."""
-    with connect(url, prefix, cluster) as bus:
+    with connect(address) as bus:
         me = member_handle(existing_channel(bus, channel), agent, bus.settings)
         found = me.discover(query, limit=limit)
         print_items(found, as_json, "no match", _card_lines)
@@ -436,9 +372,3 @@ def _card_lines(m: Member) -> list[Text]:
         f"  {safe(m.description)}",
     )
     return [card]
-
-
-def _acting(ch: Channel, name: str, bus: Bus) -> Agent:
-    """An existing member, attached as this command's replica (read, wait, done act as it)."""
-    existing_member(ch, name)
-    return attach(ch, name, None, bus.settings)
