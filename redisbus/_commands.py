@@ -51,11 +51,12 @@ __all__ = [
     "UrlOpt",
     "given",
     "option",
+    "port_option",
     "program",
     "refusal_text",
     "run",
-    "settings_for",
     "with_address",
+    "with_fleet_address",
 ]
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -103,6 +104,11 @@ def option(name: str, env: str | list[str], text: str, *more: str, **kw: Any) ->
     return typer.Option(name, *more, envvar=env, help=text, **kw)
 
 
+def port_option(env: str, text: str, *more: str) -> Any:
+    """``--port`` (1 to 65535) of a program that listens."""
+    return option("--port", env, text, *more, min=1, max=65535)
+
+
 # -- options several programs share --------------------------------------------------------------
 
 CONNECT_HELP = (
@@ -146,32 +152,45 @@ class BusAddress:
     prefix: str | None = None
     cluster: bool = False
 
+    def given(self) -> dict[str, Any]:
+        """The settings these options set (those given)."""
+        return given(url=self.url, prefix=self.prefix, cluster=self.cluster)
+
     def settings(self, **more: Any) -> BusSettings:
         """BusSettings from the environment, with these options on top (and ``more``)."""
-        return BusSettings(**more, **given(url=self.url, prefix=self.prefix, cluster=self.cluster))
+        return BusSettings(**more, **self.given())
 
 
 def with_address(command: Callable[..., None]) -> Callable[..., None]:
     """``command(address: BusAddress, ...)`` as typer sees it: its own options, then
     ``--url``, ``--prefix`` and ``--cluster``, which reach it as one ``BusAddress``. It
     connects when it chooses, so bad input is refused before any Redis is touched."""
+    return _addressed(command, UrlOpt, first=False)
+
+
+def with_fleet_address(command: Callable[..., None]) -> Callable[..., None]:
+    """``with_address`` for a daemon: ``--url`` (the fleet's Redis: never a private one),
+    ``--prefix`` and ``--cluster`` come first, before its own options."""
+    return _addressed(command, DaemonUrlOpt, first=True)
+
+
+def _addressed(command: Callable[..., None], url: Any, *, first: bool) -> Callable[..., None]:
     signature = inspect.signature(command, eval_str=True)
-    first, *own = signature.parameters.values()
-    assert first.name == "address", f"{command.__name__}: address must come first"
+    address, *own = signature.parameters.values()
+    assert address.name == "address", f"{command.__name__}: address must come first"
+    kind = inspect.Parameter.KEYWORD_ONLY
     added = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
-        for name, kind, default in (
-            ("url", UrlOpt, None),
-            ("prefix", PrefixOpt, None),
-            ("cluster", ClusterOpt, False),
-        )
+        inspect.Parameter("url", kind, default=None, annotation=url),
+        inspect.Parameter("prefix", kind, default=None, annotation=PrefixOpt),
+        inspect.Parameter("cluster", kind, default=False, annotation=ClusterOpt),
     ]
 
     @functools.wraps(command)
     def typed(*args: Any, url: str | None, prefix: str | None, cluster: bool, **kw: Any) -> None:
         command(BusAddress(url, prefix, cluster), *args, **kw)
 
-    params = [*own, *added]
+    # all keyword-only (typer passes each by name): any order, defaults or not
+    params = [p.replace(kind=kind) for p in ([*added, *own] if first else [*own, *added])]
     typed.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     typed.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
     return typed
@@ -189,12 +208,6 @@ def given(**options: Any) -> dict[str, Any]:
     """The options given on the command line (or by their variable), for a settings class:
     the rest stay the settings' own (environment, then defaults). Empty text is not given."""
     return {k: v for k, v in options.items() if v is not None and v is not False and v != ""}
-
-
-def settings_for(url: str | None, prefix: str | None = None, cluster: bool = False) -> BusSettings:
-    """BusSettings from the environment, with the options given on the command line on top."""
-    # a one-shot command has nobody scraping it
-    return BusAddress(url, prefix, cluster).settings(metrics=False)
 
 
 def log_to_stderr(level: str) -> None:

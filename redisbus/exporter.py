@@ -102,16 +102,15 @@ from pydantic import Field
 from redis.exceptions import RedisError
 
 from ._commands import (
-    ClusterOpt,
-    DaemonUrlOpt,
+    BusAddress,
     Exit,
     LogLevelOpt,
-    PrefixOpt,
     given,
     log_to_stderr,
     option,
     program,
     required_url,
+    with_fleet_address,
 )
 from ._errors import InvalidInput, RedisbusError
 from ._fleet_gauges import (
@@ -476,10 +475,9 @@ def serve(settings: ExporterSettings | None = None, stop: threading.Event | None
 # -- the command: `redisbus exporter`, `python -m redisbus.exporter` --------------------------
 
 
+@with_fleet_address
 def exporter(
-    url: DaemonUrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
+    address: BusAddress,
     port: Annotated[
         int | None,
         option(
@@ -559,7 +557,7 @@ def exporter(
     or Ctrl-C.
     """
     log_to_stderr(log_level)
-    kw = given(url=url, prefix=prefix, cluster=cluster)
+    kw = address.given()
     kw |= given(
         exporter_port=port,
         exporter_addr=addr,

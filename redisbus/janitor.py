@@ -31,16 +31,14 @@ from typing import Annotated
 from redis.exceptions import RedisError
 
 from ._commands import (
-    ClusterOpt,
-    DaemonUrlOpt,
+    BusAddress,
     Exit,
     LogLevelOpt,
-    PrefixOpt,
     log_to_stderr,
     option,
     program,
     required_url,
-    settings_for,
+    with_fleet_address,
 )
 from ._core import SweepReport
 from ._errors import RedisbusError
@@ -157,10 +155,9 @@ def run(
 # -- the command: `redisbus janitor`, `python -m redisbus.janitor` ----------------------------
 
 
+@with_fleet_address
 def janitor(
-    url: DaemonUrlOpt = None,
-    prefix: PrefixOpt = None,
-    cluster: ClusterOpt = False,
+    address: BusAddress,
     interval_s: Annotated[
         float | None,
         option(
@@ -193,7 +190,7 @@ def janitor(
     interval = JANITOR_INTERVAL_S if interval_s is None else interval_s
     if interval <= 0 or batch <= 0:
         raise Exit("--interval-s and --batch must be positive", 2)
-    settings = settings_for(url, prefix, cluster)
+    settings = address.settings(metrics=False)  # a janitor has nobody scraping it
     required_url(settings, ": the janitor sweeps a shared Redis")
     bus = Bus.from_settings(settings)
     try:

@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Annotated, Any
 
-from .._commands import Exit, UrlOpt, option
+from .._commands import Exit, UrlOpt, option, port_option
 from .._errors import InvalidInput
 from .._settings import BusSettings
 
@@ -20,9 +20,7 @@ def a2a(
         str, option("--channel", "REDISBUS_A2A_CHANNEL", "Channel to bridge.", show_default=False)
     ],
     host: Annotated[str, option("--host", "REDISBUS_A2A_HOST", "Bind address.")] = "127.0.0.1",
-    port: Annotated[
-        int, option("--port", "REDISBUS_A2A_PORT", "Bind port.", min=1, max=65535)
-    ] = 8700,
+    port: Annotated[int, port_option("REDISBUS_A2A_PORT", "Bind port.")] = 8700,
     public_url: Annotated[
         str | None,
         option(

@@ -93,10 +93,7 @@ class Check:
 
 
 @with_address
-def doctor(
-    address: BusAddress,
-    as_json: JsonOpt = False,
-) -> None:
+def doctor(address: BusAddress, as_json: JsonOpt = False) -> None:
     """Check a Redis for what the bus needs: version, eviction policy, ACL permissions, script
     load, persistence, latency, the janitor. Prints what to fix; exit 1 when a check fails."""
     with connect(address) as bus:

@@ -31,24 +31,14 @@ ForceOpt = Annotated[
 
 
 @with_address
-def complete(
-    address: BusAddress,
-    channel: ChannelArg,
-    agent: AsOpt,
-    summary: TextArg = "",
-) -> None:
+def complete(address: BusAddress, channel: ChannelArg, agent: AsOpt, summary: TextArg = "") -> None:
     """Finish --as NAME (an existing member): status completed; its parent gets the summary
     as an outcome message. A completed agent still takes follow-up messages."""
     _end(address, channel, agent, "complete", summary)
 
 
 @with_address
-def fail(
-    address: BusAddress,
-    channel: ChannelArg,
-    agent: AsOpt,
-    error: TextArg = "",
-) -> None:
+def fail(address: BusAddress, channel: ChannelArg, agent: AsOpt, error: TextArg = "") -> None:
     """End --as NAME (an existing member) with an error: its parent gets a failed outcome and
     its descendants are cancelled."""
     _end(address, channel, agent, "fail", error)
@@ -99,11 +89,7 @@ def remove(
 
 
 @with_address
-def delete(
-    address: BusAddress,
-    channel: ChannelArg,
-    force: ForceOpt = False,
-) -> None:
+def delete(address: BusAddress, channel: ChannelArg, force: ForceOpt = False) -> None:
     """Delete a channel and everything in it (messages, members, dead letters). Refused while
     a message is undone or an open agent is live, unless --force."""
     with connect(address) as bus:

@@ -14,7 +14,7 @@ from rich.progress import track
 from rich.table import Table
 from rich.text import Text
 
-from .._commands import BusAddress, Exit, Typer, err, option, with_address
+from .._commands import BusAddress, Exit, Typer, err, option, port_option, with_address
 from .._core import message_from_fields
 from .._demo_script import DemoError
 from .._keys import ChannelKeys
@@ -108,11 +108,7 @@ def tail(
 
 
 @with_address
-def agents(
-    address: BusAddress,
-    channel: ChannelArg,
-    as_json: JsonOpt = False,
-) -> None:
+def agents(address: BusAddress, channel: ChannelArg, as_json: JsonOpt = False) -> None:
     """The channel's members as a tree: status, host, undone messages."""
     with connect(address) as bus:
         ch = existing_channel(bus, channel)
@@ -213,10 +209,7 @@ def _dlq_of(ch: Channel) -> Any:
 @dlq.command("list")
 @with_address
 def dlq_list(
-    address: BusAddress,
-    channel: ChannelArg,
-    limit: LimitOpt = 100,
-    as_json: JsonOpt = False,
+    address: BusAddress, channel: ChannelArg, limit: LimitOpt = 100, as_json: JsonOpt = False
 ) -> None:
     """The channel's dead letters, oldest first."""
     with connect(address) as bus:
@@ -250,17 +243,16 @@ def dlq_replay(
 # -- running ----------------------------------------------------------------------------------
 
 
+def _data_dir(text: str) -> Any:
+    """``--data DIR``: where a private Redis keeps its data."""
+    return option("--data", "REDISBUS_DATA_DIR", text)
+
+
 def redis_server(
     port: Annotated[
-        int | None,
-        option(
-            "--port", "REDISBUS_REDIS_PORT", "Port [default: a free one].", "-p", min=1, max=65535
-        ),
+        int | None, port_option("REDISBUS_REDIS_PORT", "Port [default: a free one].", "-p")
     ] = None,
-    data: Annotated[
-        str | None,
-        option("--data", "REDISBUS_DATA_DIR", "Keep data here (AOF on) [default: temporary]."),
-    ] = None,
+    data: Annotated[str | None, _data_dir("Keep data here (AOF on) [default: temporary].")] = None,
 ) -> None:
     """Run a private Redis in the foreground until Ctrl-C; prints the URL to export."""
     if data and (running := running_url(data)):
@@ -317,10 +309,7 @@ def demo(
             max=3,
         ),
     ] = 3,
-    data: Annotated[
-        str | None,
-        option("--data", "REDISBUS_DATA_DIR", "Embedded Redis keeps its data here (AOF on)."),
-    ] = None,
+    data: Annotated[str | None, _data_dir("Embedded Redis keeps its data here (AOF on).")] = None,
     fast: Annotated[
         bool, option("--fast", "REDISBUS_DEMO_FAST", "No pauses between turns.")
     ] = False,

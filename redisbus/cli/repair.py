@@ -16,11 +16,7 @@ from ._shared import ChannelArg, JsonOpt, connect, existing_channel, out, write_
 
 
 @with_address
-def repair(
-    address: BusAddress,
-    channel: ChannelArg,
-    as_json: JsonOpt = False,
-) -> None:
+def repair(address: BusAddress, channel: ChannelArg, as_json: JsonOpt = False) -> None:
     """Rebuild the channel's inbox counters from its stream; print what was fixed."""
     with connect(address) as bus:
         fixed = existing_channel(bus, channel).repair()

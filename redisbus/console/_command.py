@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from .._commands import BusAddress, Exit, option, with_address
+from .._commands import BusAddress, Exit, option, port_option, with_address
 from .._errors import InvalidInput
 
 MAX_STUCK_AFTER_S = 86_400 * 30
@@ -24,9 +24,7 @@ def console(
             "--host", "REDISBUS_CONSOLE_HOST", "Address to bind (the default is loopback only)."
         ),
     ] = "127.0.0.1",
-    port: Annotated[
-        int, option("--port", "REDISBUS_CONSOLE_PORT", "Port.", min=1, max=65535)
-    ] = 8484,
+    port: Annotated[int, port_option("REDISBUS_CONSOLE_PORT", "Port.")] = 8484,
     token: Annotated[
         str | None,
         option(
