@@ -29,8 +29,8 @@ from typing import Annotated, Any, NoReturn
 
 import click
 import pydantic
-import redis
 import typer
+from redis import exceptions as rx
 from rich.console import Console
 from rich.text import Text
 from typer.core import TyperCommand, TyperGroup, TyperOption
@@ -242,7 +242,7 @@ def one_line(text: str) -> str:
 # typer >= 0.20 vendors click and raises its own copies of click's exceptions
 USAGE_ERRORS: tuple[type[Exception], ...] = (typer.TyperException, click.ClickException)
 ABORTS: tuple[type[BaseException], ...] = (typer.Abort, click.Abort, KeyboardInterrupt)
-REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, redis.RedisClusterException)
+REDIS_ERRORS: tuple[type[Exception], ...] = (rx.RedisError, rx.RedisClusterException)
 
 
 def failure(e: BaseException) -> tuple[str, int]:
