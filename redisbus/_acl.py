@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from ._errors import InvalidInput
 
 #: What an agent host runs: the commands of the ``agent`` user of deploy/redis/users.acl
-#: (tests/test_acl_generator.py keeps the two the same).
+#: (tests/security/test_acl_generator.py keeps the two the same).
 AGENT_COMMANDS = (
     "+ping +hello +auth +client|setname +client|id +info +time +wait +multi +exec +discard "
     "+watch +unwatch +cluster|slots +cluster|nodes +readonly +xadd +xreadgroup +xread +xack "

@@ -79,7 +79,7 @@ def message_from_fields(
 ) -> Message:
     # Every wake-up makes one of these: one lookup per field, and the eighteen fields set on
     # an unguarded twin that then becomes a Message (see _model.frozen_as for why and what
-    # guards it; tests/test_model.py compares the result with the keyword form)
+    # guards it; tests/contract/test_model.py compares the result with the keyword form)
     get = f.get
     to, prio, depth, ttl = get("t"), get("p"), get("d"), get("x")
     m: Any = _OpenMessage()

@@ -129,7 +129,7 @@ class Receipt:
 # that cost shows. Measured (Python 3.11, this machine): Receipt(...) 8.5 us; object.__new__
 # plus each slot's descriptor __set__ 2.6 us; filling an unguarded twin with the same slots and
 # giving it the frozen class (below) 1.5 us. The result is an ordinary frozen, equal, hashable
-# instance. A field left unset would fail only when read: tests/test_model.py builds each
+# instance. A field left unset would fail only when read: tests/contract/test_model.py builds each
 # class this way and reads every field of dataclasses.fields(), so a field added to a class
 # must be added to its fast constructor before the suite passes.
 

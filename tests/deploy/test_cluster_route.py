@@ -1,0 +1,131 @@
+"""A Cluster bus sends each call straight to the primary serving its channel's slot: per
+message the same server commands as on one server (no ``COMMAND GETKEYS``, no clock read of
+its own), and a slot that moved (MOVED) is found again without losing a message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from redisbus import AsyncBus, Bus
+from tests.conftest import Synced, settings
+from tests.support.cluster_servers import Cluster
+from tests.support.servers import Server
+
+pytest_plugins = ["tests.support.cluster_servers"]
+
+N = 40
+
+
+@pytest.fixture
+def cluster(redis_cluster: Cluster) -> Cluster:
+    redis_cluster.wait_healthy()
+    redis_cluster.flush()
+    return redis_cluster
+
+
+@contextlib.contextmanager
+def bus_at(url: str, face: str, cluster: bool) -> Iterator[Any]:
+    loop = asyncio.new_event_loop()
+    b: Any
+    unlimited = settings(pair_rate_burst=0, sender_rate_burst=0)
+    if face == "sync":
+        b = Bus.from_url(url, cluster=cluster, settings=unlimited)
+    else:
+        b = Synced(AsyncBus.from_url(url, cluster=cluster, settings=unlimited), loop)
+    try:
+        yield b
+    finally:
+        b.close()
+        loop.close()
+
+
+def stats(clients: list[redis.Redis]) -> dict[str, int]:
+    """Calls per command, summed over ``clients`` (subcommands apart: command|getkeys). The
+    test's own probes and replication's bookkeeping (a replica acknowledges its offset with
+    REPLCONF every second, whatever the bus does) are left out."""
+    out: dict[str, int] = {}
+    for c in clients:
+        for name, v in c.info("commandstats").items():
+            cmd = name.removeprefix("cmdstat_")
+            if cmd.split("|")[0] not in ("info", "config", "replconf", "psync", "sync"):
+                out[cmd] = out.get(cmd, 0) + int(v["calls"])
+    return out
+
+
+def per_message(b: Any, name: str, clients: list[redis.Redis]) -> dict[str, float]:
+    ch = b.channel(name)
+    a, z = ch.join("a"), ch.join("z")
+    for i in range(5):  # warm: scripts loaded, slot table read, groups made
+        a.send("z", f"warm {i}")
+        assert z.wait(timeout=5).messages
+    for c in clients:
+        c.config_resetstat()
+    for i in range(N):
+        a.send("z", f"m {i}")
+        got = z.wait(timeout=5).messages
+        assert [m.body for m in got] == [f"m {i}"]
+    return {k: v / N for k, v in stats(clients).items()}
+
+
+def test_cluster_message_costs_the_commands_of_one_server(
+    cluster: Cluster, redis7: Server, face: str
+) -> None:
+    # given: a channel on one primary of the Cluster, and the same on one server
+    primaries = cluster.primaries()
+    name = cluster.channel_on(primaries[1], "rt-")
+    nodes = [cluster.node_client(p) for p in primaries]
+    one = redis.Redis.from_url(redis7.url, decode_responses=True)
+    # when: N messages are sent and waited for on each
+    with bus_at(cluster.url, face, True) as b:
+        on_cluster = per_message(b, name, nodes)
+    with bus_at(redis7.url, face, False) as b:
+        on_one = per_message(b, name, [one])
+    # then: no key lookups, no clock read apart, the very commands of one server
+    assert not [k for k in on_cluster if k.startswith("command")], on_cluster
+    assert "eval" not in on_cluster, on_cluster
+    assert on_cluster == on_one, (on_cluster, on_one)
+
+
+def _move_slot(cluster: Cluster, slot: int, src: int, dst: int) -> None:
+    """Migrate ``slot`` (and its keys) from primary ``src`` to primary ``dst``."""
+    s, d = cluster.node_client(src), cluster.node_client(dst)
+    src_id, dst_id = s.execute_command("CLUSTER MYID"), d.execute_command("CLUSTER MYID")
+    d.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
+    s.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+    while keys := s.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+        s.execute_command("MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+    for c in (d, s):
+        c.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+    for p in cluster.primaries():
+        if p not in (src, dst):
+            cluster.node_client(p).execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
+
+
+def test_channel_whose_slot_moved_keeps_delivering(cluster: Cluster, face: str) -> None:
+    # given: a bus that has talked on a channel, so it knows the primary serving its slot
+    src, dst = cluster.primaries()[0], cluster.primaries()[2]
+    name = cluster.channel_on(src, "mv-")
+    slot = cluster.keyslot("{" + name + "}")
+    with bus_at(cluster.url, face, True) as b:
+        ch = b.channel(name)
+        a, z = ch.join("a"), ch.join("z")
+        a.send("z", "before")
+        assert [m.body for m in z.wait(timeout=5).messages] == ["before"]
+        # when: the slot (with the channel's keys) moves to another primary
+        _move_slot(cluster, slot, src, dst)
+        try:
+            assert cluster.owner("{" + name + "}") == dst
+            # then: its sends (refused with MOVED by the old node) and waits go on, once each
+            for i in range(3):
+                a.send("z", f"after {i}")
+            got = [m.body for m in z.wait(timeout=5).messages]
+            assert got == [f"after {i}" for i in range(3)]
+            assert cluster.node_client(dst).xlen(f"rb:{{{name}}}:s") >= 4
+        finally:
+            _move_slot(cluster, slot, dst, src)
