@@ -15,19 +15,19 @@ WaitKind = Literal["message", "outcome", "cancelled", "timeout"]
 AgentStatus = Literal["running", "waiting", "idle", "completed", "failed", "cancelled", "lost"]
 Relationship = Literal["parent", "sibling", "child", "member"]
 
-MESSAGE_TYPES = frozenset(
-    {
-        "message",
-        "request",
-        "response",
-        "status_update",
-        "delegate_task",
-        "request_data",
-        "auto_reply",
-        "outcome",
-        "control",
-    }
+#: The types a sender may give, in the order the tools list them. "outcome" and "control" are
+#: the bus's own (a child's final result, a cancellation): a sender that could give them could
+#: fake a cancellation or an outcome to its peers.
+SEND_TYPES = (
+    "message",
+    "request",
+    "response",
+    "status_update",
+    "delegate_task",
+    "request_data",
+    "auto_reply",
 )
+MESSAGE_TYPES = frozenset({*SEND_TYPES, "outcome", "control"})
 
 
 _T = TypeVar("_T")

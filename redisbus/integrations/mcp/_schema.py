@@ -21,18 +21,6 @@ TOOL_NAMES = (
     "agent_discover",
 )
 
-# "outcome" and "control" are the bus's own types (a child's final result, a cancellation):
-# a model that could send them could fake a cancellation or an outcome to its peers.
-SEND_TYPES = (
-    "message",
-    "request",
-    "response",
-    "status_update",
-    "delegate_task",
-    "request_data",
-    "auto_reply",
-)
-
 # Common MCP clients give up on a tool call after about 120 s (and some after 60 s unless the
 # server reports progress): a wait must end well before that, and the next call resumes it.
 WAIT_DEFAULT_S = 25.0

@@ -20,10 +20,10 @@ from mcp.types import CallToolResult, EmptyResult, SetLevelRequestParams, TextCo
 from pydantic import Field
 
 from ... import AsyncBus, BusSettings, InvalidInput, __version__
+from ..._model import SEND_TYPES
 from ._exposure import check_exposure
 from ._schema import (
     FRAMING,
-    SEND_TYPES,
     TOOL_NAMES,
     WAIT_DEFAULT_S,
     WAIT_MAX_S,
@@ -44,6 +44,14 @@ DEFAULT_CLIENT_LOG_LEVEL = "warning"  # until the client sends logging/setLevel
 MAX_SESSIONS = 1024  # log levels remembered
 
 TYPED = re.compile(r"[a-z_]+: ")  # a refusal's typed reason, e.g. "rate_limited: "
+
+
+def _bounded(description: str, least: float, most: float) -> Any:
+    """A numeric tool argument's schema: its description and its inclusive bounds."""
+    return Field(description=description, json_schema_extra={"minimum": least, "maximum": most})
+
+
+Since = Annotated[str | None, Field(description="ISO-8601 time or message id")]
 
 
 def _result(value: Mapping[str, Any]) -> CallToolResult:
@@ -148,13 +156,7 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
         type: Annotated[
             str, Field(description="kind of message", json_schema_extra={"enum": list(SEND_TYPES)})
         ] = "message",
-        priority: Annotated[
-            int,
-            Field(
-                description="0 normal, 1 high, 2 urgent",
-                json_schema_extra={"minimum": 0, "maximum": 2},
-            ),
-        ] = 0,
+        priority: Annotated[int, _bounded("0 normal, 1 high, 2 urgent", 0, 2)] = 0,
         reply_to: Annotated[str | None, Field(description="id of the message this answers")] = None,
     ) -> Annotated[CallToolResult, SendOut]:
         return _result(await tools.send_message_out(to, message, subject, type, priority, reply_to))
@@ -163,14 +165,8 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
         filter_by: Annotated[
             str, Field(description="e.g. 'unread', 'all', 'from:NAME to:me'")
         ] = "unread",
-        since: Annotated[str | None, Field(description="ISO-8601 time or message id")] = None,
-        limit: Annotated[
-            int,
-            Field(
-                description="most messages to return",
-                json_schema_extra={"minimum": 1, "maximum": 10000},
-            ),
-        ] = 20,
+        since: Since = None,
+        limit: Annotated[int, _bounded("most messages to return", 1, 10000)] = 20,
     ) -> Annotated[CallToolResult, MessagesOut]:
         return _result(await tools.read_messages_out(filter_by, since, limit))
 
@@ -178,14 +174,8 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
         filter_by: Annotated[
             str, Field(description="e.g. 'all', 'unread', 'subject:draft'")
         ] = "all",
-        since: Annotated[str | None, Field(description="ISO-8601 time or message id")] = None,
-        limit: Annotated[
-            int,
-            Field(
-                description="most headers to return",
-                json_schema_extra={"minimum": 1, "maximum": 10000},
-            ),
-        ] = 50,
+        since: Since = None,
+        limit: Annotated[int, _bounded("most headers to return", 1, 10000)] = 50,
     ) -> Annotated[CallToolResult, MessagesOut]:
         return _result(await tools.list_messages_out(filter_by, since, limit))
 
@@ -197,11 +187,7 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
 
     async def agent_wait(
         timeout: Annotated[
-            float,
-            Field(
-                description=f"seconds to wait, 0..{WAIT_MAX_S:g}",
-                json_schema_extra={"minimum": 0, "maximum": WAIT_MAX_S},
-            ),
+            float, _bounded(f"seconds to wait, 0..{WAIT_MAX_S:g}", 0, WAIT_MAX_S)
         ] = WAIT_DEFAULT_S,
         cursor: Annotated[
             str | None,
@@ -217,13 +203,7 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
 
     async def agent_discover(
         query: Annotated[str, Field(description="words describing the help you need")] = "",
-        limit: Annotated[
-            int,
-            Field(
-                description="most agents to return",
-                json_schema_extra={"minimum": 1, "maximum": 10000},
-            ),
-        ] = 10,
+        limit: Annotated[int, _bounded("most agents to return", 1, 10000)] = 10,
     ) -> Annotated[CallToolResult, DiscoverOut]:
         return _result(await tools.discover_out(query, limit))
 

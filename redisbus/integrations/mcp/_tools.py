@@ -23,15 +23,15 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
 from ... import AsyncAgent, BusConnectionError, LimitExceeded, RedisbusError
+from ..._model import SEND_TYPES
 from ._schema import (
     FRAMING,
-    SEND_TYPES,
     WAIT_DEFAULT_S,
     WAIT_MAX_S,
     DiscoverOut,
@@ -44,6 +44,9 @@ from ._schema import (
 )
 
 log = logging.getLogger("redisbus.mcp")
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 # Ids already handed to the model, so a wait does not hand them out again (at-least-once delivery
 # may repeat an entry; so does the core today after a read). Bounded: oldest forgotten first.
@@ -89,6 +92,17 @@ def _receipt(r: Any) -> ReceiptOut:
 
 def dump(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, default=str)
+
+
+def _as_text(
+    tool: Callable[Concatenate[_T, _P], Awaitable[Any]],
+) -> Callable[Concatenate[_T, _P], Awaitable[str]]:
+    """The tool method ``tool`` with its result as JSON text (``dump``)."""
+
+    async def as_text(self: _T, /, *args: _P.args, **kw: _P.kwargs) -> str:
+        return dump(await tool(self, *args, **kw))
+
+    return as_text
 
 
 @dataclass
@@ -347,20 +361,9 @@ class AgentTools:
         }
 
     # -- the same, as JSON text -------------------------------------------------------------
-    async def send_message(self, *args: Any, **kw: Any) -> str:
-        return dump(await self.send_message_out(*args, **kw))
-
-    async def read_messages(self, *args: Any, **kw: Any) -> str:
-        return dump(await self.read_messages_out(*args, **kw))
-
-    async def list_messages(self, *args: Any, **kw: Any) -> str:
-        return dump(await self.list_messages_out(*args, **kw))
-
-    async def mark_done(self, *args: Any, **kw: Any) -> str:
-        return dump(await self.mark_done_out(*args, **kw))
-
-    async def wait(self, *args: Any, **kw: Any) -> str:
-        return dump(await self.wait_out(*args, **kw))
-
-    async def discover(self, *args: Any, **kw: Any) -> str:
-        return dump(await self.discover_out(*args, **kw))
+    send_message = _as_text(send_message_out)
+    read_messages = _as_text(read_messages_out)
+    list_messages = _as_text(list_messages_out)
+    mark_done = _as_text(mark_done_out)
+    wait = _as_text(wait_out)
+    discover = _as_text(discover_out)
