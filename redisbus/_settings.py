@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,11 +24,35 @@ MAX_RATE = 1e9
 MAX_COUNT = 2**31
 
 
+def _count(default: int, description: str, *, least: int = 0) -> Any:
+    """A count, cap or budget: ``least`` to MAX_COUNT."""
+    return Field(default=default, ge=least, le=MAX_COUNT, description=description)
+
+
+def _rate(default: float, description: str) -> Any:
+    """A token bucket's rate (per second) or burst: 0 to MAX_RATE."""
+    return Field(default=default, ge=0, le=MAX_RATE, description=description)
+
+
+def _seconds(
+    default: float | None, description: str, *, zero: bool = False, most: float = MAX_DURATION_S
+) -> Any:
+    """A duration up to ``most``: above 0, or from 0 with ``zero``."""
+    return Field(
+        default=default,
+        gt=None if zero else 0,
+        ge=0 if zero else None,
+        le=most,
+        description=description,
+    )
+
+
 class BusSettings(BaseSettings):
     """Connection, identity and default channel limits. Env prefix: ``REDISBUS_``."""
 
     # NaN and infinity are refused everywhere: each field below that ends up in milliseconds
-    # or in Redis also has an upper bound (MAX_DURATION_S, MAX_RATE, MAX_COUNT)
+    # or in Redis also has an upper bound (MAX_DURATION_S, MAX_RATE, MAX_COUNT: _seconds, _rate
+    # and _count set them)
     model_config = SettingsConfigDict(env_prefix="REDISBUS_", extra="ignore", allow_inf_nan=False)
 
     # -- connection ---------------------------------------------------------------------------
@@ -79,82 +103,35 @@ class BusSettings(BaseSettings):
     )
 
     # -- default channel limits (stored in Redis when a channel is created) --------------------
-    inbox_cap: int = Field(
-        default=128, ge=1, le=MAX_COUNT, description="undone messages per recipient"
-    )
-    max_body_bytes: int = Field(
-        default=32 * 1024, ge=1, le=MAX_COUNT, description="UTF-8 bytes of a body"
-    )
+    inbox_cap: int = _count(128, "undone messages per recipient", least=1)
+    max_body_bytes: int = _count(32 * 1024, "UTF-8 bytes of a body", least=1)
     max_name_chars: int = Field(
         default=128, ge=1, le=1024, description="characters of a name or subject"
     )
-    pair_rate_burst: float = Field(
-        default=3, ge=0, le=MAX_RATE, description="0 disables the pair bucket"
-    )
-    pair_rate_per_s: float = Field(default=1.0, ge=0, le=MAX_RATE, description="pair bucket refill")
-    sender_rate_burst: float = Field(default=60, ge=0, le=MAX_RATE, description="0 disables it")
-    sender_rate_per_s: float = Field(
-        default=20.0, ge=0, le=MAX_RATE, description="sender bucket refill"
-    )
-    max_chain_depth: int = Field(
-        default=10,
-        ge=0,
-        le=MAX_COUNT,
-        description="replies of replies, and messages sent while handling one",
-    )
-    max_chain_messages: int = Field(
-        default=100,
-        ge=0,
-        le=MAX_COUNT,
-        description="messages one chain may hold (a message and every message sent while "
+    pair_rate_burst: float = _rate(3, "0 disables the pair bucket")
+    pair_rate_per_s: float = _rate(1.0, "pair bucket refill")
+    sender_rate_burst: float = _rate(60, "0 disables it")
+    sender_rate_per_s: float = _rate(20.0, "sender bucket refill")
+    max_chain_depth: int = _count(10, "replies of replies, and messages sent while handling one")
+    max_chain_messages: int = _count(
+        100,
+        "messages one chain may hold (a message and every message sent while "
         "handling one of them, replies included), 0 = none",
     )
-    max_depth: int = Field(
-        default=0, ge=0, le=MAX_COUNT, description="team budget: tree depth, 0 = none"
-    )
-    max_members: int = Field(
-        default=0, ge=0, le=MAX_COUNT, description="team budget: members, 0 = none"
-    )
-    max_messages: int = Field(
-        default=0, ge=0, le=MAX_COUNT, description="team budget: messages, 0 = none"
-    )
-    retention_s: float = Field(
-        default=7 * 24 * 3600,
-        gt=0,
-        le=MAX_DURATION_S,
-        description="the janitor trims entries older than this",
-    )
+    max_depth: int = _count(0, "team budget: tree depth, 0 = none")
+    max_members: int = _count(0, "team budget: members, 0 = none")
+    max_messages: int = _count(0, "team budget: messages, 0 = none")
+    retention_s: float = _seconds(7 * 24 * 3600, "the janitor trims entries older than this")
 
     # -- loop and runaway protection (docs/concepts.md#limits-and-loop-protection) -------------
-    dampen_turns: int = Field(
-        default=10,
-        ge=0,
-        le=MAX_COUNT,
-        description="back-and-forth turns between two agents, 0 = off",
+    dampen_turns: int = _count(10, "back-and-forth turns between two agents, 0 = off")
+    dampen_window_s: float = _seconds(
+        10.0, "turns closer than this count as a ping-pong", zero=True
     )
-    dampen_window_s: float = Field(
-        default=10.0,
-        ge=0,
-        le=MAX_DURATION_S,
-        description="turns closer than this count as a ping-pong",
-    )
-    breaker_failures: int = Field(
-        default=3,
-        ge=0,
-        le=MAX_COUNT,
-        description="dead letters of one agent that open its breaker, 0 = off",
-    )
-    breaker_window_s: float = Field(
-        default=300.0,
-        ge=0,
-        le=MAX_DURATION_S,
-        description="dead letters counted within this window",
-    )
-    breaker_cooldown_s: float = Field(
-        default=60.0,
-        ge=0,
-        le=MAX_DURATION_S,
-        description="an open breaker refuses sends for this long",
+    breaker_failures: int = _count(3, "dead letters of one agent that open its breaker, 0 = off")
+    breaker_window_s: float = _seconds(300.0, "dead letters counted within this window", zero=True)
+    breaker_cooldown_s: float = _seconds(
+        60.0, "an open breaker refuses sends for this long", zero=True
     )
     auto_reply_deny: list[str] = Field(
         default_factory=lambda: ["auto_responder", "message-router"],
@@ -162,31 +139,16 @@ class BusSettings(BaseSettings):
     )
 
     # -- delivery -----------------------------------------------------------------------------
-    wait_timeout_s: float = Field(
-        default=30.0, gt=0, le=MAX_WAIT_S, description="wait() without a timeout"
+    wait_timeout_s: float = _seconds(30.0, "wait() without a timeout", most=MAX_WAIT_S)
+    lease_s: float = _seconds(60.0, "redelivery lease of a fetched message")
+    heartbeat_s: float = _seconds(5.0, "replica heartbeat period")
+    agent_lease_s: float = _seconds(
+        15.0, "an agent none of whose replicas beat for this long is lost"
     )
-    lease_s: float = Field(
-        default=60.0, gt=0, le=MAX_DURATION_S, description="redelivery lease of a fetched message"
-    )
-    heartbeat_s: float = Field(
-        default=5.0, gt=0, le=MAX_DURATION_S, description="replica heartbeat period"
-    )
-    agent_lease_s: float = Field(
-        default=15.0,
-        gt=0,
-        le=MAX_DURATION_S,
-        description="an agent none of whose replicas beat for this long is lost",
-    )
-    max_deliveries: int = Field(
-        default=5, ge=1, le=MAX_COUNT, description="then the message is dead-lettered"
-    )
+    max_deliveries: int = _count(5, "then the message is dead-lettered", least=1)
     durable: bool = Field(default=False, description="send() waits for a replica (WAIT)")
-    durable_replicas: int = Field(
-        default=1, ge=1, le=MAX_COUNT, description="replicas WAIT asks for"
-    )
-    durable_timeout_s: float = Field(
-        default=1.0, gt=0, le=MAX_DURATION_S, description="how long WAIT waits"
-    )
+    durable_replicas: int = _count(1, "replicas WAIT asks for", least=1)
+    durable_timeout_s: float = _seconds(1.0, "how long WAIT waits")
 
     # -- security -----------------------------------------------------------------------------
     signing_keys: dict[str, SecretStr] = Field(
@@ -202,25 +164,13 @@ class BusSettings(BaseSettings):
         description="per-host mode: the trust list (JSON or TOML): each public key, the "
         "channels and agent names it may speak for; revoked keys. Re-read when it changes",
     )
-    signing_window_s: float = Field(
-        default=60.0,
-        gt=0,
-        le=MAX_DURATION_S,
-        description="largest gap between signing time and entry time",
-    )
-    clock_skew_max_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_DURATION_S,
-        description="signed sends are refused (ClockSkew) while this host's clock is further "
+    signing_window_s: float = _seconds(60.0, "largest gap between signing time and entry time")
+    clock_skew_max_s: float | None = _seconds(
+        None,
+        "signed sends are refused (ClockSkew) while this host's clock is further "
         "than this from the Redis clock; default half of signing_window_s",
     )
-    replay_keep_s: float = Field(
-        default=3600.0,
-        gt=0,
-        le=MAX_DURATION_S,
-        description="how long a signature's nonce is remembered",
-    )
+    replay_keep_s: float = _seconds(3600.0, "how long a signature's nonce is remembered")
     unsigned: Literal["reject", "flag"] = Field(
         default="reject",
         description="with signing on, a bad or missing signature: drop it, or deliver it "
