@@ -37,6 +37,15 @@ FAST_PATHS = ["tests/contract", "tests/lua", "tests/security", "tests/codebase/t
 FAST_MARKS = "not soak and not slow and not cluster"
 
 
+def workers(argv: list[str]) -> list[str]:
+    """pytest-xdist over the machine's cores (REDISBUS_TEST_WORKERS=N to choose, 1 for one
+    process): a whole file runs on one worker, so a module's servers and order stay its own."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in argv):
+        return []
+    n = int(os.environ.get("REDISBUS_TEST_WORKERS") or min(os.cpu_count() or 1, 4))
+    return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
+
+
 def main() -> int:
     argv = sys.argv[1:]
     fast = "--fast" in argv
@@ -47,7 +56,7 @@ def main() -> int:
     marks = [] if "-m" in argv else ["-m", FAST_MARKS if fast else "not soak"]
     named = any(os.path.exists(a.split("::")[0]) for a in argv)
     paths = FAST_PATHS if fast and not named else []
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *marks, *argv, *paths]
+    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *marks, *workers(argv), *argv, *paths]
     code = subprocess.call([sys.executable, *args])
     if code == 5:
         print("tests/run: pytest collected no tests - failing the run", file=sys.stderr)

@@ -83,6 +83,13 @@ def _cert(
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        # key identifiers: Python 3.13's default context verifies with VERIFY_X509_STRICT,
+        # which refuses a certificate without an Authority Key Identifier
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+            critical=False,
+        )
     )
     if ca:
         b = b.add_extension(
