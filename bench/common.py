@@ -169,7 +169,7 @@ class RoundTrips:
             original(conn, command, check_health)
 
         # the bus's own lanes write straight to their sockets
-        from redisbus import _redis as lanes
+        from redisbus import _transport_sync as lanes
 
         lane_write: Callable[..., None] = lanes._sendall
 

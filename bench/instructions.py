@@ -118,43 +118,25 @@ def _count_all(
 
 def _captured(fn: Callable[[], Any]) -> tuple[Any, ...]:
     """The command ``fn()`` sent on the sync face's lane (its first, for a pipeline)."""
-    from redisbus import _redis
-
-    seen: list[tuple[Any, ...]] = []
-    run, run_many = _redis.Lane.run, _redis.Lane.run_many
-
-    def one(self: Any, *args: Any) -> Any:
-        seen.append(args)
-        return run(self, *args)
-
-    def many(self: Any, commands: list[tuple[Any, ...]]) -> Any:
-        seen.append(commands[0])
-        return run_many(self, commands)
-
-    _redis.Lane.run, _redis.Lane.run_many = one, many  # type: ignore[method-assign]
-    try:
-        fn()
-    finally:
-        _redis.Lane.run, _redis.Lane.run_many = run, run_many  # type: ignore[method-assign]
-    return seen[-1]
+    return _pipelined(fn)[0]
 
 
 def _pipelined(fn: Callable[[], Any]) -> list[tuple[Any, ...]]:
-    """The commands of the last pipeline ``fn()`` sent on a sync lane."""
-    from redisbus import _redis
+    """The commands of the last round trip ``fn()`` sent on a sync lane."""
+    from redisbus._transport_sync import Lane
 
     seen: list[list[tuple[Any, ...]]] = []
-    run_many = _redis.Lane.run_many
+    run = Lane.run
 
-    def many(self: Any, commands: list[tuple[Any, ...]]) -> Any:
+    def recorded(self: Any, commands: list[tuple[Any, ...]]) -> Any:
         seen.append(list(commands))
-        return run_many(self, commands)
+        return run(self, commands)
 
-    _redis.Lane.run_many = many  # type: ignore[method-assign]
+    Lane.run = recorded  # type: ignore[method-assign]
     try:
         fn()
     finally:
-        _redis.Lane.run_many = run_many  # type: ignore[method-assign]
+        Lane.run = run  # type: ignore[method-assign]
     return seen[-1]
 
 

@@ -13,16 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core as core
 from ._outage import Outage
+from ._transport_async import sleep
 
 if TYPE_CHECKING:
-    from ._io_async import IO
     from ._model import Message
 
 __all__ = ["Coalescer", "Event", "Handler", "Heart", "Semaphore", "run_all", "sleep"]
 
 Event = asyncio.Event
 Semaphore = asyncio.Semaphore
-sleep = asyncio.sleep
 # what ``serve`` runs for each message: ``await handler(agent, message)``
 Handler = Callable[[Any, "Message"], Awaitable[Any]]
 #: How long ``Heart.halt`` waits for a beat in flight (the sync face joins its thread as long)
@@ -109,8 +108,8 @@ class Coalescer:
     pipelines cannot carry EVALSHA safely).
     """
 
-    def __init__(self, io: IO) -> None:
-        self.io = io
+    def __init__(self, io: Any) -> None:
+        self.io = io  # the bus's IO: ``_async/io.py``, whose package imports this module
         self.queue: list[tuple[str, Sequence[str], Sequence[Any], asyncio.Future[Any]]] = []
         self.task: asyncio.Task[None] | None = None
         self.lone = False  # a lone send is in flight from its caller's task
@@ -126,7 +125,7 @@ class Coalescer:
     async def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         loop = asyncio.get_running_loop()
         idle = not self.lone and not self.queue and (self.task is None or self.task.done())
-        if idle and self.io.lane is not None:
+        if idle and self.io.transport.lane is not None:
             self.lone = True
             try:
                 (reply,) = await self.io.scripts_raw([(name, keys, args)])

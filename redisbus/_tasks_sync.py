@@ -8,21 +8,19 @@ two faces truly differ. The generated code in ``_sync/`` uses only the names bel
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._outage import Outage
+from ._transport_sync import sleep
 
 if TYPE_CHECKING:
-    from ._io_sync import IO
     from ._model import Message
 
 __all__ = ["Coalescer", "Event", "Handler", "Heart", "Semaphore", "run_all", "sleep"]
 
 Event = threading.Event
 Semaphore = threading.Semaphore
-sleep = time.sleep
 # what ``serve`` runs for each message: ``handler(agent, message)``
 Handler = Callable[[Any, "Message"], Any]
 
@@ -98,8 +96,8 @@ class Heart:
 class Coalescer:
     """The sync face sends from its caller's thread, on the socket lane: nothing to batch."""
 
-    def __init__(self, io: IO) -> None:
-        self.io = io
+    def __init__(self, io: Any) -> None:
+        self.io = io  # the bus's IO: ``_sync/io.py``, whose package imports this module
 
     def send(self, keys: Sequence[str], argv: Sequence[Any], *, idempotent: bool) -> Any:
         """One send.lua call, retried only when it carries an idempotency key."""

@@ -24,7 +24,6 @@ from .._errors import (
     RedisbusError,
     UnknownChannel,
 )
-from .._io_async import IO
 from .._keys import ChannelKeys, registry_key
 from .._outage import Outage
 from .._redis import async_client
@@ -35,6 +34,7 @@ from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
 from .agent import AsyncAgent
 from .channel import AsyncChannel
+from .io import IO
 
 __all__ = ["AsyncBus"]
 

@@ -6,7 +6,7 @@ import builtins
 import dataclasses
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Unpack
+from typing import Any, Unpack
 
 from .. import _core as core
 from .. import _validate as check
@@ -18,16 +18,13 @@ from .._model import DeadLetter, Member
 from .._tasks_async import Semaphore
 from .agent import AsyncAgent
 
-if TYPE_CHECKING:
-    from .bus import AsyncBus
-
 __all__ = ["AsyncChannel"]
 
 
 class AsyncChannel:
     """A named scope of conversation; one Redis stream with one consumer group per agent."""
 
-    def __init__(self, bus: AsyncBus, keys: ChannelKeys, config: core.ChannelConfig) -> None:
+    def __init__(self, bus: Any, keys: ChannelKeys, config: core.ChannelConfig) -> None:
         self.bus = bus
         self.keys = keys
         self.name = keys.channel

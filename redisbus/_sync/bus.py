@@ -25,7 +25,6 @@ from .._errors import (
     RedisbusError,
     UnknownChannel,
 )
-from .._io_sync import IO
 from .._keys import ChannelKeys, registry_key
 from .._outage import Outage
 from .._redis import sync_client
@@ -36,6 +35,7 @@ from ..embedded import EmbeddedRedis, shared
 from ..metrics import NOOP, BusMetrics
 from .agent import Agent
 from .channel import Channel
+from .io import IO
 
 __all__ = ["Bus"]
 

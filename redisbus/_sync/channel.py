@@ -7,7 +7,7 @@ import builtins
 import dataclasses
 import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Unpack
+from typing import Any, Unpack
 
 from .. import _core as core
 from .. import _validate as check
@@ -19,16 +19,13 @@ from .._model import DeadLetter, Member
 from .._tasks_sync import Semaphore
 from .agent import Agent
 
-if TYPE_CHECKING:
-    from .bus import Bus
-
 __all__ = ["Channel"]
 
 
 class Channel:
     """A named scope of conversation; one Redis stream with one consumer group per agent."""
 
-    def __init__(self, bus: Bus, keys: ChannelKeys, config: core.ChannelConfig) -> None:
+    def __init__(self, bus: Any, keys: ChannelKeys, config: core.ChannelConfig) -> None:
         self.bus = bus
         self.keys = keys
         self.name = keys.channel

@@ -1,5 +1,6 @@
 """The package's layout shows its architecture: imports go one way, modules (Python and Lua)
-stay small, and an import inside a function is there on purpose.
+stay small, no two hand-written modules say the same thing twice, and an import inside a
+function is there on purpose.
 
 Every ``import`` counts as an edge, at module level or inside a function (a function-level
 import only hides a cycle until the function runs), except under ``if TYPE_CHECKING:`` (never
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +21,12 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "redisbus"
-GENERATED = PACKAGE / "_sync"  # written by scripts/unasync.py from redisbus/_async
-MAX_LINES = 700
+GENERATED = "_sync"  # the package written by scripts/unasync.py from redisbus/_async
+MAX_LINES = 600  # a hand-written Python module
+MAX_LUA_LINES = 700  # a Lua script or library (lua/send.lua has 685)
+# Non-trivial lines two hand-written modules may have in common, async/await aside: where a
+# module is written again for the other face, generate it (scripts/unasync.py) instead.
+MAX_SHARED = 40
 
 # Modules a function may import, and why: the import would cost every caller at start-up, or
 # the module may be missing (an optional extra, another platform, the host application).
@@ -192,18 +199,25 @@ def test_a_function_imports_only_optional_or_heavy_modules() -> None:
     assert not stray, "function-level imports that could be at the top:\n" + "\n".join(stray)
 
 
-def oversized(package: Path, limit: int = MAX_LINES) -> dict[str, int]:
-    """Hand-written files of the package over ``limit`` lines: its Python modules (not the
-    generated ones) and its Lua scripts and libraries, by path from the package's parent."""
-    files = [p for p in modules(package).values() if GENERATED not in p.parents]
-    files += sorted(package.rglob("*.lua"))
-    sizes = {str(p.relative_to(package.parent)): len(p.read_text().splitlines()) for p in files}
-    return {path: n for path, n in sizes.items() if n > limit}
+def hand_written(package: Path) -> list[Path]:
+    """The package's Python modules but the generated ones."""
+    return [p for p in modules(package).values() if package / GENERATED not in p.parents]
 
 
-def test_no_hand_written_module_is_over_700_lines() -> None:
+def oversized(
+    package: Path, limit: int = MAX_LINES, lua_limit: int = MAX_LUA_LINES
+) -> dict[str, int]:
+    """Hand-written files of the package over their limit of lines: its Python modules (not
+    the generated ones) and its Lua scripts and libraries, by path from the package's parent."""
+    files = [(p, limit) for p in hand_written(package)]
+    files += [(p, lua_limit) for p in sorted(package.rglob("*.lua"))]
+    sizes = {p: len(p.read_text().splitlines()) for p, _ in files}
+    return {str(p.relative_to(package.parent)): sizes[p] for p, n in files if sizes[p] > n}
+
+
+def test_no_hand_written_module_is_over_600_lines() -> None:
     big = oversized(PACKAGE)
-    assert not big, f"modules and Lua files over {MAX_LINES} lines: {big}"
+    assert not big, f"Python modules over {MAX_LINES} lines, Lua files over {MAX_LUA_LINES}: {big}"
 
 
 def test_the_size_check_reads_lua_files_too(tmp_path: Path) -> None:
@@ -211,10 +225,59 @@ def test_the_size_check_reads_lua_files_too(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "lua").mkdir(parents=True)
     (pkg / "__init__.py").write_text("x = 1\n")
-    (pkg / "lua" / "short.lua").write_text("-- ok\n" * MAX_LINES)
-    (pkg / "lua" / "long.lua").write_text("-- too long\n" * (MAX_LINES + 1))
+    (pkg / "lua" / "short.lua").write_text("-- ok\n" * MAX_LUA_LINES)
+    (pkg / "lua" / "long.lua").write_text("-- too long\n" * (MAX_LUA_LINES + 1))
     # when the sizes are checked, then exactly the long script is reported
-    assert oversized(pkg) == {"pkg/lua/long.lua": MAX_LINES + 1}
+    assert oversized(pkg) == {"pkg/lua/long.lua": MAX_LUA_LINES + 1}
+
+
+_AWAITING = re.compile(r"\b(async|await)\s+")
+_NOT_SAID = re.compile(r"(from|import) |#")
+
+
+def said(text: str) -> set[str]:
+    """What a module says: its lines with ``async`` and ``await`` gone and white space folded,
+    those of three words or more (names, keywords, numbers) that are no import or comment."""
+    out = set()
+    for line in text.splitlines():
+        line = " ".join(_AWAITING.sub("", line).split())
+        if len(re.findall(r"\w+", line)) >= 3 and not _NOT_SAID.match(line):
+            out.add(line)
+    return out
+
+
+def written_twice(package: Path, limit: int = MAX_SHARED) -> dict[tuple[str, str], int]:
+    """Pairs of hand-written modules with more than ``limit`` lines in common (:func:`said`),
+    and how many."""
+    found = {str(p.relative_to(package.parent)): said(p.read_text()) for p in hand_written(package)}
+    pairs = itertools.combinations(sorted(found.items()), 2)
+    common = {(a, b): len(x & y) for (a, x), (b, y) in pairs}
+    return {pair: n for pair, n in common.items() if n > limit}
+
+
+def test_no_two_hand_written_modules_share_more_than_40_lines() -> None:
+    twins = written_twice(PACKAGE)
+    assert not twins, (
+        f"hand-written modules with over {MAX_SHARED} lines in common (async/await aside): "
+        f"{twins}; write the code once (redisbus/_async, generated for both faces by "
+        "scripts/unasync.py) and keep by hand only what truly differs"
+    )
+
+
+def test_the_twin_check_finds_a_module_written_again_for_the_other_face(tmp_path: Path) -> None:
+    # given a package with an async module, its sync twin written by hand, and a generated
+    # copy of it (which may repeat its source: it is not written by hand)
+    pkg = tmp_path / "pkg"
+    (pkg / GENERATED).mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    lines = [f"value_{i} = await fetch(keys, {i})" for i in range(MAX_SHARED)]  # and the def
+    source = "async def f(keys):\n" + "".join(f"    {x}\n" for x in lines)
+    (pkg / "io_async.py").write_text(source)
+    (pkg / "io_sync.py").write_text(source.replace("async def", "def").replace("await ", ""))
+    (pkg / GENERATED / "io.py").write_text(source.replace("await ", ""))
+    (pkg / "other.py").write_text("import os\nimport re\n# a comment\nx = 1\nreturn out\n")
+    # when the modules are compared, then exactly the hand-kept twins are reported
+    assert written_twice(pkg) == {("pkg/io_async.py", "pkg/io_sync.py"): MAX_SHARED + 1}
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ OPEN: dict[str, Any] = {
 
 
 def lane_of(bus: Bus) -> Any:
-    lane = bus._io.lane
+    lane = bus._io.transport.lane
     assert lane is not None, "a plain redis:// Bus has a lane"
     return lane
 
@@ -181,7 +181,7 @@ def test_a_forked_child_opens_its_own_connection(redis7: Server) -> None:
 
 def test_a_test_double_has_no_lane() -> None:
     with memory_bus() as bus:
-        assert bus._io.lane is None
+        assert bus._io.transport.lane is None
         ch = bus.channel("lane-memory", **OPEN)
         a, b = ch.join("a"), ch.join("b")
         a.send("b", "through the pool")
@@ -254,11 +254,11 @@ async def test_async_cancelled_send_leaves_the_lane_in_step(redis7: Server) -> N
 async def test_async_lane_cancelled_mid_batch_drops_its_connection(redis7: Server) -> None:
     # given: the lane itself waiting for replies while the server is paused
     async with AsyncBus.from_url(redis7.url) as bus:
-        lane = bus._io.lane
+        lane = bus._io.transport.lane
         assert lane is not None
-        assert await lane.run_many([("SET", "alane-k", "1")]) == ["OK"]
+        assert await lane.run([("SET", "alane-k", "1")]) == ["OK"]
         redis.Redis(port=redis7.port).execute_command("CLIENT", "PAUSE", "300", "ALL")
-        task = asyncio.ensure_future(lane.run_many([("INCR", "alane-k")]))
+        task = asyncio.ensure_future(lane.run([("INCR", "alane-k")]))
         await asyncio.sleep(0.1)
         # when: the batch is cancelled before its reply came
         task.cancel()
@@ -267,7 +267,7 @@ async def test_async_lane_cancelled_mid_batch_drops_its_connection(redis7: Serve
         # then: the connection is gone (its late reply would answer the next batch), and
         # the next batch reads its own replies (the INCR ran, or died with its connection)
         assert lane.conn is None
-        got, pong = await lane.run_many([("GET", "alane-k"), ("PING",)])
+        got, pong = await lane.run([("GET", "alane-k"), ("PING",)])
         assert got in ("1", "2") and pong == "PONG"
 
 
@@ -504,8 +504,9 @@ async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
             return await real(*args, **kw)
 
         pool.get_connection = counted
-        assert bus._io.lane is not None
-        send_conn = bus._io.lane.conn
+        lane, idle = bus._io.transport.lane, bus._io.transport.idle
+        assert lane is not None and idle is not None
+        send_conn = lane.conn
         # when: it waits again and again, the message sent while it blocks, and marks each done
         got = []
         for i in range(20):
@@ -519,14 +520,13 @@ async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
         # the pool), beside the sends' lane, and returned each message once
         assert got == [f"m{i}" for i in range(20)]
         assert checkouts == 0
-        assert bus._io.lane.conn is send_conn
-        assert bus._io.fetch_lanes is not None
-        assert len(bus._io.fetch_lanes) == 1
+        assert lane.conn is send_conn
+        assert len(idle) == 1
         assert (await b.receipt(msgs[0]))[0].status == "done"
 
 
 async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> None:
-    from redisbus._io_async import FETCH_LANES
+    from redisbus._transport_async import FETCH_LANES
 
     # given: more agents waiting at once than the bus keeps idle fetch lanes
     async with AsyncBus.from_url(redis7.url) as bus:
@@ -541,8 +541,8 @@ async def test_async_concurrent_waits_keep_a_few_idle_lanes(redis7: Server) -> N
         results = await asyncio.gather(*waits)
         # then: each woke with its own, and only FETCH_LANES lanes (connections) stay held
         assert [[m.body for m in r.messages] for r in results] == [[f"to {w.name}"] for w in agents]
-        assert bus._io.fetch_lanes is not None
-        assert len(bus._io.fetch_lanes) == FETCH_LANES
+        assert bus._io.transport.idle is not None
+        assert len(bus._io.transport.idle) == FETCH_LANES
         # and the connections of the others went back to the pool, open, for the next waits
         r = redis.Redis(port=redis7.port)
         before = r.info("stats")["total_connections_received"]
