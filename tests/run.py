@@ -46,22 +46,41 @@ def workers(argv: list[str]) -> list[str]:
     return ["-n", str(n), "--dist", "loadfile"] if n > 1 else []
 
 
+def pytest(args: list[str]) -> int:
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args])
+
+
 def main() -> int:
     argv = sys.argv[1:]
     fast = "--fast" in argv
     argv = [a for a in argv if a != "--fast"]
     if not fast:
         ensure_tools()
-    # the soak tests (many minutes each) are `make soak`'s; an explicit -m decides otherwise
-    marks = [] if "-m" in argv else ["-m", FAST_MARKS if fast else "not soak"]
     named = any(os.path.exists(a.split("::")[0]) for a in argv)
     paths = FAST_PATHS if fast and not named else []
-    args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", *marks, *workers(argv), *argv, *paths]
-    code = subprocess.call([sys.executable, *args])
+    if "-m" in argv:  # an explicit -m decides, in one run
+        code = pytest([*workers(argv), *argv, *paths])
+        return 1 if nothing_ran(code) else code
+    # the soak tests (many minutes each) are `make soak`'s
+    marks = FAST_MARKS if fast else "not soak"
+    spread = workers(argv)
+    if not spread:
+        code = pytest(["-m", marks, *argv, *paths])
+        return 1 if nothing_ran(code) else code
+    # the parallel part, then the `serial` tests alone: their timing (or their minutes of a
+    # venv of their own) needs the whole machine
+    code = pytest(["-m", f"({marks}) and not serial", *spread, *argv, *paths])
+    if nothing_ran(code):
+        return 1
+    alone = pytest(["-m", f"({marks}) and serial", *argv, *paths])
+    return code or (0 if alone == 5 else alone)
+
+
+def nothing_ran(code: int) -> bool:
+    """pytest exits 5 when it collected no tests: a failure here, never a silent pass."""
     if code == 5:
         print("tests/run: pytest collected no tests - failing the run", file=sys.stderr)
-        return 1
-    return code
+    return code == 5
 
 
 if __name__ == "__main__":

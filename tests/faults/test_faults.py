@@ -383,6 +383,7 @@ def test_child_killed_around_an_outage_is_reported_lost_once_within_a_lease(
         team.ch.join("kid-a", parent="lead")
 
 
+@pytest.mark.serial  # its timing is the test: a busy second worker starves the late heart
 def test_a_dead_child_is_found_when_the_only_watcher_always_beats_late(
     redis7: Server, spawn: Callable[..., Worker]
 ) -> None:
