@@ -47,7 +47,11 @@ def workers(argv: list[str]) -> list[str]:
 
 
 def pytest(args: list[str]) -> int:
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args])
+    # the slowest tests are named at the end of each run: where the suite's minutes go
+    timing = [] if any(a.startswith("--durations") for a in args) else ["--durations=15"]
+    return subprocess.call(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *timing, *args]
+    )
 
 
 def main() -> int:
