@@ -46,7 +46,16 @@ from ._errors import (
     UnknownAgent,
     UnknownChannel,
 )
-from ._model import ChildrenResult, DeadLetter, Member, Message, Receipt, Roster, WaitResult
+from ._model import (
+    ChildrenResult,
+    DeadLetter,
+    Member,
+    Message,
+    Receipt,
+    Roster,
+    SendOptions,
+    WaitResult,
+)
 from ._settings import BusSettings
 from .aio import AsyncAgent, AsyncBus, AsyncChannel
 from .bus import Agent, Bus, Channel
@@ -88,6 +97,7 @@ __all__ = [
     "RedisbusError",
     "Roster",
     "RoutingRefused",
+    "SendOptions",
     "ServerFull",
     "SweepReport",
     "TooLarge",

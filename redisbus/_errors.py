@@ -101,10 +101,16 @@ class RedisbusError(Exception):
 
 
 class InvalidInput(RedisbusError, ValueError):
+    """A bad argument: a malformed name, filter, time or number, an unknown option. Raised
+    before anything is written (also a ``ValueError``)."""
+
     code = "invalid_input"
 
 
 class ChannelMismatch(InvalidInput):
+    """The limits or routing given to ``bus.channel(name, ...)`` differ from those stored for
+    that channel; ``configure()`` changes them."""
+
     code = "channel_mismatch"
 
 
@@ -143,30 +149,46 @@ class LimitExceeded(RedisbusError):
 
 
 class InboxFull(LimitExceeded):
+    """The recipient holds ``inbox_cap`` messages it has not marked done."""
+
     code = "inbox_full"
 
 
 class RateLimited(LimitExceeded):
+    """A token bucket is empty (per pair, or the sender's own); ``retry_after_s`` says when
+    the next token comes."""
+
     code = "rate_limited"
 
 
 class TooLarge(LimitExceeded):
+    """A body, name, subject or batch is over its size limit."""
+
     code = "too_large"
 
 
 class ChainTooDeep(LimitExceeded):
+    """A reply of a reply ... past ``max_chain_depth``."""
+
     code = "chain_too_deep"
 
 
 class LoopRefused(LimitExceeded):
+    """Loop protection: an auto-reply to an auto-reply, a recipient on ``auto_reply_deny``,
+    or the ping-pong dampener between two agents."""
+
     code = "loop"
 
 
 class CircuitOpen(LimitExceeded):
+    """The recipient dead-letters messages repeatedly: sends to it pause until ``retry_after_s``."""
+
     code = "circuit_open"
 
 
 class BudgetExceeded(LimitExceeded):
+    """A team budget is spent: family depth, members, or messages."""
+
     code = "budget"
 
 
@@ -179,10 +201,16 @@ class ServerFull(LimitExceeded):
 
 
 class RoutingRefused(RedisbusError):
+    """The recipient is outside the sender's reach (family routing: not its parent, child,
+    or an opted-in sibling)."""
+
     code = "routing_refused"
 
 
 class NotPermitted(RedisbusError):
+    """The caller may not do this, e.g. cancel an agent that is not its child, or sign with a
+    key the trust list revokes or omits."""
+
     code = "not_permitted"
 
 
@@ -200,6 +228,8 @@ class ClockSkew(RedisbusError):
 
 
 class UnknownAgent(RedisbusError):
+    """No member of the channel by that name."""
+
     code = "unknown_agent"
 
 
@@ -210,14 +240,20 @@ class UnknownChannel(UnknownAgent):
 
 
 class AgentClosed(RedisbusError):
+    """This agent completed, failed, was cancelled or was declared lost: it sends no more."""
+
     code = "agent_closed"
 
 
 class RecipientClosed(AgentClosed):
+    """The recipient failed, was cancelled or was declared lost, so it cannot receive."""
+
     code = "recipient_closed"
 
 
 class ChannelPaused(RedisbusError):
+    """The channel is paused (``pause()``): it refuses sends until ``resume()``."""
+
     code = "channel_paused"
 
 
@@ -261,6 +297,9 @@ class AskTimeout(RedisbusError, TimeoutError):
 
 
 class BusConnectionError(RedisbusError, ConnectionError):
+    """Redis is unreachable after the retries (``BusSettings.retry_attempts``); the call may
+    or may not have run. A send with an idempotency key is safe to retry."""
+
     code = "connection"
 
 

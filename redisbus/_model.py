@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypedDict, TypeVar, cast
 
 from ._errors import RedisbusError
 
@@ -28,6 +28,22 @@ SEND_TYPES = (
     "auto_reply",
 )
 MESSAGE_TYPES = frozenset({*SEND_TYPES, "outcome", "control"})
+
+
+class SendOptions(TypedDict, total=False):
+    """The keyword options of ``send`` (``ask`` takes them too), for callers that pass them on:
+    ``def post(agent, to, body, **options: Unpack[SendOptions])``. Their meaning and defaults
+    are ``send``'s."""
+
+    subject: str
+    type: str
+    priority: int
+    reply_to: str | None
+    ttl_s: float | None
+    idempotency_key: str | None
+    trace: str | None
+    await_delivery: float | None
+    durable: bool | None
 
 
 _T = TypeVar("_T")

@@ -12,14 +12,14 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, Unpack, overload
 
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
 from .._agent import give_back_consumer, message_ids
 from .._errors import AskTimeout, InvalidInput, RedisbusError
-from .._model import ChildrenResult, Member, Message, Receipt, Roster, WaitResult
+from .._model import ChildrenResult, Member, Message, Receipt, Roster, SendOptions, WaitResult
 from .._tasks_sync import sleep
 from .fetching import Fetching
 
@@ -39,67 +39,17 @@ class Agent(Fetching):
     # for "all" (the literal: a str holding "all" is typed as one name) or a list of names.
     @overload
     def send(  # type: ignore[overload-overlap]
-        self,
-        to: Literal["all"],
-        body: str,
-        *,
-        subject: str = ...,
-        type: str = ...,
-        priority: int = ...,
-        reply_to: str | None = ...,
-        ttl_s: float | None = ...,
-        idempotency_key: str | None = ...,
-        trace: str | None = ...,
-        await_delivery: float | None = ...,
-        durable: bool | None = ...,
+        self, to: Literal["all"], body: str, **options: Unpack[SendOptions]
+    ) -> builtins.list[Receipt]: ...
+    @overload
+    def send(self, to: str, body: str, **options: Unpack[SendOptions]) -> Receipt: ...
+    @overload
+    def send(
+        self, to: builtins.list[str] | tuple[str, ...], body: str, **options: Unpack[SendOptions]
     ) -> builtins.list[Receipt]: ...
     @overload
     def send(
-        self,
-        to: str,
-        body: str,
-        *,
-        subject: str = ...,
-        type: str = ...,
-        priority: int = ...,
-        reply_to: str | None = ...,
-        ttl_s: float | None = ...,
-        idempotency_key: str | None = ...,
-        trace: str | None = ...,
-        await_delivery: float | None = ...,
-        durable: bool | None = ...,
-    ) -> Receipt: ...
-    @overload
-    def send(
-        self,
-        to: builtins.list[str] | tuple[str, ...],
-        body: str,
-        *,
-        subject: str = ...,
-        type: str = ...,
-        priority: int = ...,
-        reply_to: str | None = ...,
-        ttl_s: float | None = ...,
-        idempotency_key: str | None = ...,
-        trace: str | None = ...,
-        await_delivery: float | None = ...,
-        durable: bool | None = ...,
-    ) -> builtins.list[Receipt]: ...
-    @overload
-    def send(
-        self,
-        to: str | Sequence[str],
-        body: str,
-        *,
-        subject: str = ...,
-        type: str = ...,
-        priority: int = ...,
-        reply_to: str | None = ...,
-        ttl_s: float | None = ...,
-        idempotency_key: str | None = ...,
-        trace: str | None = ...,
-        await_delivery: float | None = ...,
-        durable: bool | None = ...,
+        self, to: str | Sequence[str], body: str, **options: Unpack[SendOptions]
     ) -> Receipt | builtins.list[Receipt]: ...
     def send(
         self,
@@ -224,7 +174,12 @@ class Agent(Fetching):
         return out
 
     def ask(
-        self, to: str, body: str, *, timeout: float | None = None, **send_kwargs: Any
+        self,
+        to: str,
+        body: str,
+        *,
+        timeout: float | None = None,
+        **send_kwargs: Unpack[SendOptions],
     ) -> Message:
         """Send a ``request`` to one agent and return its reply: the first message to this
         agent whose ``reply_to`` is the request's id. Raises ``AskTimeout`` (with the request's

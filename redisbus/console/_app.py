@@ -26,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -91,8 +91,14 @@ def create_app(bus_factory: Callable[[], AsyncBus], config: ConsoleConfig | None
         return state["bus"]
 
     def page(name: str) -> Callable[[Request], Awaitable[Response]]:
+        """A page: the head both pages share, then ``static/NAME.html`` as its body."""
+        html = (
+            f'{(STATIC / "_head.html").read_text()}<body data-page="{name}">\n'
+            f"{(STATIC / f'{name}.html').read_text()}"
+        )
+
         async def serve(request: Request) -> Response:
-            return FileResponse(STATIC / name, headers=SECURITY_HEADERS)
+            return HTMLResponse(html, headers=SECURITY_HEADERS)
 
         return serve
 
@@ -178,8 +184,8 @@ def create_app(bus_factory: Callable[[], AsyncBus], config: ConsoleConfig | None
         return {"replayed": dead_id, "id": await ch.replay(dead_id)}
 
     routes = [
-        Route("/", page("channels.html")),
-        Route("/c/{name:path}", page("channel.html")),
+        Route("/", page("channels")),
+        Route("/c/{name:path}", page("channel")),
         Route("/api/channels", channels),
         Route("/api/snapshot", snapshot),
         Route("/api/events", events),

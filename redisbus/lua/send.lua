@@ -387,6 +387,23 @@ end
 local names, targets, keyed, seen = {}, {}, {}, {}
 local ok_at, ok_tokens, ok_turns = {}, {}, {}
 
+-- The checks every message passes before its recipients: its text, the channel's message
+-- budget, an open sender and a reply chain within its limits. Returns depth, chain; or nil and
+-- the refusal. status_of[sender] and cached['#sent'] (when there is a budget) are read.
+local function sender_checks(base, sender)
+  local code, msg, limit, current = check_text(ARGV[base + 4], ARGV[base + 5], ARGV[base + 6],
+    ARGV[base + 7], paused, max_body, max_name)
+  if not code then code, msg, limit, current = check_budget(cached['#sent'], max_msgs) end
+  if not code then code, msg = check_sender(status_of[sender]) end
+  if code then return nil, refuse(code, msg, limit, current) end
+  local depth, chain
+  depth, chain, code, msg, limit, current =
+    chain_of(stream, rate, cached, ARGV[base + 8], ARGV[base + 14], ARGV[base + 6], deny_list,
+      max_chain, max_chain_msgs)
+  if code then return nil, refuse(code, msg, limit, current) end
+  return depth, chain
+end
+
 -- One message, every mode: returns its reply (see the header). A refusal of one recipient
 -- refuses a "one" send; otherwise it is listed (name, code, message, limit, current, retry_ms)
 -- in `refused`.
@@ -397,15 +414,10 @@ local function send_message(item, base)
   -- spent budget, a closed recipient): the idempotency key is looked up before any check
   local ifield, replayed = replay(sender, ARGV[base + 10])
   if replayed then return replayed end
-  local code, msg, limit, current, retry = check_text(ARGV[base + 4], ARGV[base + 5],
-    ARGV[base + 6], ARGV[base + 7], paused, max_body, max_name)
-  if code then return refuse(code, msg, limit, current) end
   -- the channel's message budget
   if max_msgs > 0 and cached['#sent'] == nil then
     cached['#sent'] = call('HGET', rate, '#sent') or false
   end
-  code, msg, limit, current = check_budget(cached['#sent'], max_msgs)
-  if code then return refuse(code, msg, limit, current) end
 
   -- the names given ("parent" read as the sender's parent); their status (and parent)
   local nn, with_parents = 0, family
@@ -418,15 +430,11 @@ local function send_message(item, base)
       if name == 'parent' then with_parents = true end
     end
   end
-  -- the sender is a member, and open
+  -- the sender is a member; the text, the budget, the sender and the chain pass
   if status_of[sender] == nil then members({sender}, 1, with_parents) end
-  code, msg = check_sender(status_of[sender])
-  if code then return refuse(code, msg) end
-  local depth, chain
-  depth, chain, code, msg, limit, current =
-    chain_of(stream, rate, cached, ARGV[base + 8], ARGV[base + 14], ARGV[base + 6], deny_list,
-      max_chain, max_chain_msgs)
-  if code then return refuse(code, msg, limit, current) end
+  local depth, chain = sender_checks(base, sender)
+  if not depth then return chain end
+  local code, msg, limit, current, retry
 
   -- the recipients, in order; duplicates dropped
   local sp = ''
@@ -602,19 +610,9 @@ local function plain(base, sender, name)
   if pv == nil or bv == nil or queued == nil or cached[sfield] == nil
     or cached['#sent'] == nil then return end
   if df then dv = cached[df]; if dv == nil then return end end
-  local code, msg, limit, current, retry = check_text(ARGV[base + 4], ARGV[base + 5],
-    ARGV[base + 6], ARGV[base + 7], paused, max_body, max_name)
-  if code then return refuse(code, msg, limit, current) end
-  code, msg, limit, current = check_budget(cached['#sent'], max_msgs)
-  if code then return refuse(code, msg, limit, current) end
-  code, msg = check_sender(status_of[sender])
-  if code then return refuse(code, msg) end
-  local depth, chain
-  depth, chain, code, msg, limit, current =
-    chain_of(stream, rate, cached, ARGV[base + 8], ARGV[base + 14], ARGV[base + 6], deny_list,
-      max_chain, max_chain_msgs)
-  if code then return refuse(code, msg, limit, current) end
-  local tokens, turns
+  local depth, chain = sender_checks(base, sender)
+  if not depth then return chain end
+  local code, msg, limit, current, retry, tokens, turns
   code, msg, limit, current, retry, tokens, turns =
     check_recipient(sender, sp, name, np, st, queued, bv, dv, pv, now, limits)
   if code then return refuse(code, msg, limit, current, retry) end

@@ -20,7 +20,16 @@ from types import ModuleType
 import pytest
 
 import redisbus
-from redisbus import BusSettings, ChannelConfig, ChannelLimits, InvalidInput, RedisbusError
+from redisbus import (
+    Agent,
+    AsyncAgent,
+    BusSettings,
+    ChannelConfig,
+    ChannelLimits,
+    InvalidInput,
+    RedisbusError,
+    SendOptions,
+)
 from redisbus._channels import LIMITS, plan_channel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +132,22 @@ def test_a_stored_limit_is_a_typed_attribute() -> None:
     assert dict(cfg.limits) == {"inbox_cap": 3.0, "lease_s": 1.5}
     with pytest.raises(AttributeError):
         cfg.no_such_limit  # type: ignore[attr-defined]  # noqa: B018
+
+
+# -- send options -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("face", [Agent, AsyncAgent], ids=["sync", "async"])
+def test_send_options_are_the_keywords_of_send_with_their_types(face: type) -> None:
+    # the overloads take **options: Unpack[SendOptions]; the implementation names each one
+    import inspect
+
+    params = inspect.signature(face.send).parameters
+    keywords = {n: p for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert set(keywords) == set(SendOptions.__annotations__)
+    hints = typing.get_type_hints(face.send)
+    assert {n: hints[n] for n in keywords} == typing.get_type_hints(SendOptions)
+    assert SendOptions.__required_keys__ == frozenset()
 
 
 # -- what the type checker infers ---------------------------------------------------------------

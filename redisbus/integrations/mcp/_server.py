@@ -4,12 +4,13 @@ the two transports (stdio, and streamable HTTP behind an optional bearer token).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hmac
 import re
 import sys
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, ParamSpec
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -35,6 +36,8 @@ from ._schema import (
     descriptions,
 )
 from ._tools import AgentTools, Card, dump, log_sink
+
+P = ParamSpec("P")
 
 Transport = Literal["stdio", "streamable-http", "http"]  # "http" is short for streamable HTTP
 
@@ -159,7 +162,10 @@ def build_server(tools: AgentTools, *, log_level: str = "WARNING") -> MCPServer[
         priority: Annotated[int, _bounded("0 normal, 1 high, 2 urgent", 0, 2)] = 0,
         reply_to: Annotated[str | None, Field(description="id of the message this answers")] = None,
     ) -> Annotated[CallToolResult, SendOut]:
-        return _result(await tools.send_message_out(to, message, subject, type, priority, reply_to))
+        sent = tools.send_message_out(
+            to, message, subject=subject, type=type, priority=priority, reply_to=reply_to
+        )
+        return _result(await sent)
 
     async def agent_read_messages(
         filter_by: Annotated[
@@ -352,35 +358,14 @@ async def serve_async(
         await bus.aclose()
 
 
-def serve(
-    channel: str,
-    as_name: str,
-    parent: str | None = None,
-    transport: Transport = "stdio",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    url: str | None = None,
-    description: str = "",
-    skills: Sequence[str] = (),
-    *,
-    log_level: str = "WARNING",
-    token: str | None = None,
-    settings: BusSettings | None = None,
-) -> None:
-    """Blocking form of :func:`serve_async` (what ``redisbus mcp`` runs)."""
-    anyio.run(
-        lambda: serve_async(
-            channel,
-            as_name,
-            parent,
-            transport,
-            host,
-            port,
-            url,
-            description,
-            skills,
-            log_level=log_level,
-            token=token,
-            settings=settings,
-        )
-    )
+def _blocking(serve: Callable[P, Awaitable[None]]) -> Callable[P, None]:
+    """The blocking form of an async entry point: the same arguments, run in a loop of its own."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        anyio.run(functools.partial(serve, *args, **kwargs))
+
+    run.__doc__ = f"Blocking form of :func:`{serve.__name__}`, with the same arguments."
+    return run
+
+
+serve = _blocking(serve_async)  # what ``redisbus mcp`` runs

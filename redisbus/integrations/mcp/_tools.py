@@ -23,12 +23,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, Concatenate, ParamSpec, TypeVar, Unpack, cast
 
 import anyio
 from mcp.server.mcpserver.exceptions import ToolError
 
-from ... import AsyncAgent, BusConnectionError, LimitExceeded, RedisbusError
+from ... import AsyncAgent, BusConnectionError, LimitExceeded, RedisbusError, SendOptions
 from ..._model import SEND_TYPES
 from ._schema import (
     FRAMING,
@@ -229,23 +229,14 @@ class AgentTools:
 
     # -- the tools --------------------------------------------------------------------------
     async def send_message_out(
-        self,
-        to: str | list[str],
-        message: str,
-        subject: str = "",
-        type: str = "message",
-        priority: int = 0,
-        reply_to: str | None = None,
+        self, to: str | list[str], message: str, **options: Unpack[SendOptions]
     ) -> SendOut:
-        if type not in SEND_TYPES:
+        kind = options.get("type", "message")
+        if kind not in SEND_TYPES:
             raise ToolError(
-                f"invalid_input: type must be one of {', '.join(SEND_TYPES)}, got {type!r}"
+                f"invalid_input: type must be one of {', '.join(SEND_TYPES)}, got {kind!r}"
             )
-        res = await self._call(
-            lambda a: a.send(
-                to, message, subject=subject, type=type, priority=priority, reply_to=reply_to
-            )
-        )
+        res = await self._call(lambda a: a.send(to, message, **options))
         receipts = res if isinstance(res, list) else [res]
         if not any(r.id for r in receipts):
             if not receipts:

@@ -16,7 +16,9 @@ from redisbus import (
     Bus,
     ChannelConfig,
     ChannelLimits,
+    Message,
     Receipt,
+    SendOptions,
 )
 
 
@@ -35,6 +37,11 @@ def sync_face(bus: Bus, agent: Agent, name: str, names: list[str], either: str |
     assert_type(agent.send("bob", "hi").id, str | None)
     assert_type(agent.send_many([("bob", "hi")]), list[Receipt | list[Receipt]])
     agent.send("bob", "hi", priority="high")  # type: ignore[call-overload]
+    agent.send("bob", "hi", subjet="s")  # type: ignore[call-overload]
+    options: SendOptions = {"subject": "s", "priority": 2}
+    assert_type(agent.send("bob", "hi", **options), Receipt)
+    assert_type(agent.ask("bob", "hi", timeout=5, subject="s"), Message)
+    agent.ask("bob", "hi", priority="high")  # type: ignore[arg-type]
 
     # channel limits: named, typed, and on the stored configuration as attributes
     ch = bus.channel("team", inbox_cap=3, lease_s=0.5, auto_reply_deny=["bot"])
