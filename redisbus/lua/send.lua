@@ -270,6 +270,13 @@ local function str(n)
 end
 
 local first_turn = {} -- sender -> "0 now sender", the dampener value most sends write
+-- the dampener's value for a pair after a message of `sender`: its turns, or "0 now sender"
+local function turn_value(turns, sender)
+  if turns > 0 then return turns .. ' ' .. now_s .. ' ' .. sender end
+  local v = first_turn[sender]
+  if not v then v = '0 ' .. now_s .. ' ' .. sender; first_turn[sender] = v end
+  return v
+end
 
 -- What this call knows and will write. Sends change only the rate hash, the inbox depths,
 -- the idempotency keys and the stream, so everything read here stays true for the call.
@@ -386,6 +393,16 @@ end
 -- seen[name] is the message that last resolved it (duplicates are dropped).
 local names, targets, keyed, seen = {}, {}, {}, {}
 local ok_at, ok_tokens, ok_turns = {}, {}, {}
+
+-- One more message in the channel's budget, and in its reply chain's
+local function count_message(depth, chain)
+  cached['#sent'] = (tonumber(cached['#sent'] or '0') or 0) + 1
+  dirty['#sent'] = true
+  if depth > 0 and max_chain_msgs > 0 then
+    local cf = 'c\n' .. chain
+    cached[cf], dirty[cf] = tonumber(cached[cf] or '1') + 1, true
+  end
+end
 
 -- The checks every message passes before its recipients: its text, the channel's message
 -- budget, an open sender and a reply chain within its limits. Returns depth, chain; or nil and
@@ -558,24 +575,11 @@ local function send_message(item, base)
     local name, j, tokens = targets[i], 3 * i, ok_tokens[k]
     if tokens then spend(cached, dirty, keyed[j - 2], tokens, now_s) end
     local df = keyed[j]
-    if df then
-      local turns, v = ok_turns[k], first_turn[sender]
-      if turns > 0 then
-        v = turns .. ' ' .. now_s .. ' ' .. sender
-      elseif not v then
-        v = '0 ' .. now_s .. ' ' .. sender; first_turn[sender] = v
-      end
-      cached[df], dirty[df] = v, true
-    end
+    if df then cached[df], dirty[df] = turn_value(ok_turns[k], sender), true end
     depth_of[name], depth_dirty[name] = depth_of[name] + 1, true
     if accepted then accepted[k] = name end
   end
-  cached['#sent'] = (tonumber(cached['#sent'] or '0') or 0) + 1
-  dirty['#sent'] = true
-  if depth > 0 and max_chain_msgs > 0 then
-    local cf = 'c\n' .. chain
-    cached[cf], dirty[cf] = tonumber(cached[cf] or '1') + 1, true
-  end
+  count_message(depth, chain)
   if s_tokens then spend(cached, dirty, sfield, s_tokens, now_s) end
   local to = na == 1 and targets[ok_at[1]] or table.concat(accepted, '\n', 1, na)
   local id = append(base, to, depth, chain, mode == 'all')
@@ -621,22 +625,9 @@ local function plain(base, sender, name)
     return refuse('rate_limited', 'sender rate limit for ' .. sender, snd_burst, s_tokens, s_retry)
   end
   if tokens then spend(cached, dirty, pf, tokens, now_s) end
-  if df then
-    local v = first_turn[sender]
-    if turns > 0 then
-      v = turns .. ' ' .. now_s .. ' ' .. sender
-    elseif not v then
-      v = '0 ' .. now_s .. ' ' .. sender; first_turn[sender] = v
-    end
-    cached[df], dirty[df] = v, true
-  end
+  if df then cached[df], dirty[df] = turn_value(turns, sender), true end
   depth_of[name], depth_dirty[name] = queued + 1, true
-  cached['#sent'] = (tonumber(cached['#sent'] or '0') or 0) + 1
-  dirty['#sent'] = true
-  if depth > 0 and max_chain_msgs > 0 then
-    local cf = 'c\n' .. chain
-    cached[cf], dirty[cf] = tonumber(cached[cf] or '1') + 1, true
-  end
+  count_message(depth, chain)
   if s_tokens then spend(cached, dirty, sfield, s_tokens, now_s) end
   sent_any = true
   return append(base, name, depth, chain, false)
