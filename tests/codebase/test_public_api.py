@@ -138,7 +138,9 @@ def test_a_stored_limit_is_a_typed_attribute() -> None:
 
 
 @pytest.mark.parametrize("face", [Agent, AsyncAgent], ids=["sync", "async"])
-def test_send_options_are_the_keywords_of_send_with_their_types(face: type) -> None:
+def test_send_options_are_the_keywords_of_send_with_their_types(
+    face: type[Agent | AsyncAgent],
+) -> None:
     # the overloads take **options: Unpack[SendOptions]; the implementation names each one
     import inspect
 

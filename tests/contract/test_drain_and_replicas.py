@@ -18,7 +18,7 @@ from tests.support.servers import Server, start_server
 BIG = {"inbox_cap": 100_000, "pair_rate_burst": 0, "sender_rate_burst": 0}
 
 
-@pytest.fixture(params=["redis7", "redis62"])
+@pytest.fixture(params=["redis7", "valkey", "redis62"])
 def private(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     """A server of its own: these tests change its maxmemory."""
     s = start_server(request.param, tmp_path, extra=["--maxmemory-policy", "noeviction"])

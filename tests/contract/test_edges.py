@@ -31,7 +31,7 @@ FAST: dict[str, Any] = {"pair_rate_burst": 0, "sender_rate_burst": 0, "inbox_cap
 QUIET: dict[str, Any] = {"heartbeat_s": 300.0}  # no heartbeat traffic while commands are counted
 
 
-@pytest.fixture(params=["redis7", "redis62"])
+@pytest.fixture(params=["redis7", "valkey", "redis62"])
 def server(request: pytest.FixtureRequest) -> Server:
     """These edges need real servers (both versions), under both faces (``make_bus``)."""
     srv: Server = request.getfixturevalue(request.param)

@@ -94,7 +94,7 @@ def _commands(r: redis.Redis) -> dict[str, int]:
     return {k: n for k, n in out.items() if k not in ("INFO", "CONFIG|RESETSTAT", "CONFIG")}
 
 
-@pytest.mark.parametrize("srv", ["redis7", "redis62"])
+@pytest.mark.parametrize("srv", ["redis7", "valkey", "redis62"])
 def test_a_plain_send_runs_eight_commands(srv: str, request: pytest.FixtureRequest) -> None:
     # given a channel whose limits are cached (an earlier send)
     server: Server = request.getfixturevalue(srv)

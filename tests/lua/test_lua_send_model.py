@@ -320,7 +320,7 @@ def _first(ids: list[str]) -> str | None:
     return ids[0] if ids else None
 
 
-@pytest.mark.parametrize("kind", ["redis7", "redis62"])
+@pytest.mark.parametrize("kind", ["redis7", "valkey", "redis62"])
 def test_every_kind_of_send_keeps_the_limits_of_the_model(
     kind: str, request: pytest.FixtureRequest
 ) -> None:

