@@ -532,6 +532,33 @@ def bus_fleet(ctx: Ctx, agents: int = 1_000) -> Metrics:
     }
 
 
+def bus_broadcast_state(ctx: Ctx, agents: int = 1_000) -> Metrics:
+    """``agents`` members each broadcast once (pair buckets on, burst 3): the rate state at its
+    peak. A broadcast spends the sender's bucket only, so it grows with the senders."""
+    n = ctx.size(200, agents)
+    client = ctx.client()
+    with opened(ctx) as bus:
+        ch = bus.channel(
+            ctx.name("bstate"),
+            **{**LIMITS, "inbox_cap": n + 10, "pair_rate_burst": 3, "pair_rate_per_s": 1},
+        )
+        members = [ch.join(f"agent-{i:04d}") for i in range(n)]
+        t0 = time.perf_counter()
+        for m in members:
+            check(m.send("all", "hello everyone"))
+        took = time.perf_counter() - t0
+        fields = int(client.hlen(ch.keys.rate))
+        used = int(client.memory_usage(ch.keys.rate, samples=0) or 0)
+    client.close()
+    return {
+        "agents": float(n),
+        "rate_fields": float(fields),
+        "rate_mib": used / 2**20,
+        "rate_mib_per_1000": used / 2**20 * 1000 / n,
+        "broadcast_ms": took * 1000 / n,
+    }
+
+
 def _best_of(k: int, fn: Any) -> float:
     best = float("inf")
     for _ in range(k):

@@ -165,6 +165,24 @@ FIGURES: tuple[Figure, ...] = (
         max_rounds=3,
     ),
     Figure(
+        "broadcast_state",
+        "rate state after every agent broadcasts once (peak)",
+        c.bus_broadcast_state,
+        (
+            Metric("agents", "agents, each broadcasting once", "", ratio=False),
+            Metric("rate_fields", "rate hash fields", "", False, False),
+            Metric("rate_mib", "rate hash memory", "MiB", False, False),
+            Metric("rate_mib_per_1000", "the same, per 1,000 agents", "MiB", False, False),
+            Metric("broadcast_ms", "broadcast to all, per call", "ms", False),
+        ),
+        targets=(Target("rate_mib_per_1000", "max", 10.0, "≤ 10 MB for 1,000 agents"),),
+        max_rounds=1,
+        note=(
+            "before a broadcast stopped keeping a bucket per pair (be9c687, same machine): "
+            "1,000,003 fields, 91.9 MiB, 4.41 ms per broadcast"
+        ),
+    ),
+    Figure(
         "memory",
         "messages sent and done, Redis used_memory",
         c.bus_memory,

@@ -141,7 +141,8 @@ end
 -- (limits_of) at `now`: routing (family routing only; `np` its parent), closed (`st` its
 -- status), inbox cap (`queued` its inbox depth), breaker (`brk`: "failures first until_ms",
 -- written by claim.lua / sweep.lua, or false), dampener (`dv`: the pair's "turns at_ms
--- last_sender" or false; nil when not checked), pair bucket (`pv`). Returns nothing but the
+-- last_sender" or false; nil when not checked), pair bucket (`pv`, or false for a fresh one;
+-- nil for none: a broadcast is the sender's budget, it has no bucket per pair). Returns nothing but the
 -- tokens left in the pair bucket and the pair's turns when it passes, else code, message,
 -- limit, current, retry_ms.
 local function check_recipient(sender, sp, name, np, st, queued, brk, dv, pv, now, L)
@@ -169,9 +170,13 @@ local function check_recipient(sender, sp, name, np, st, queued, brk, dv, pv, no
     return 'loop', 'ping-pong between ' .. sender .. ' and ' .. name .. ' dampened',
       L[12], turns, L[13]
   end
-  local pass, left, wait_ms = bucket(pv, L[6], L[7], now)
-  if not pass then
-    return 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name, L[6], left, wait_ms
+  local left = nil
+  if pv ~= nil then
+    local pass, wait_ms
+    pass, left, wait_ms = bucket(pv, L[6], L[7], now)
+    if not pass then
+      return 'rate_limited', 'rate limit ' .. sender .. ' -> ' .. name, L[6], left, wait_ms
+    end
   end
   return nil, nil, nil, nil, nil, left, turns
 end

@@ -28,11 +28,14 @@
 --
 -- Every message is decided by the same checks, in the same order: those of the message
 -- (replay, check_text, the budget, check_sender, chain_of), then those of each recipient
--- (resolve, check_recipient), then the sender's bucket. send_message() runs them for every
+-- (resolve, check_recipient), then the sender's bucket. A broadcast has no bucket per pair: it
+-- spends the sender's bucket only (so the rate state of a fleet that broadcasts grows with its
+-- senders, not with its pairs), and the dampener does not count it. send_message() runs them for every
 -- mode, however many messages share the call; a single send to one member named as such takes
 -- a straight path of its own (the first block below) that calls the same helpers, which the
 -- bench showed pays (about 40% of the script's server time); so does a batch's message of that
--- kind (plain(), below the routine: about 14% of a batched message's server time). Messages are checked and appended in order, each seeing what the ones
+-- kind (plain(), below the routine: about 14% of a batched message's server time). Messages
+-- are checked and appended in order, each seeing what the ones
 -- before it did (inbox depths, token buckets, the budget, idempotency keys), exactly as
 -- separate sends would; they share one read of the channel's limits, one clock reading and
 -- the member lookups. Nothing is written for a refused message: every check runs before its
@@ -504,9 +507,10 @@ local function send_message(item, base)
     for i = 1, nt do
       local name = targets[i]
       local pf, bf, df = pair_fields(sender, name, dampen)
+      if mode == 'all' then pf = false end -- a broadcast spends the sender's bucket only
       local j = 3 * i
       keyed[j - 2], keyed[j - 1], keyed[j] = pf, bf, df
-      if cached[pf] == nil then
+      if pf and cached[pf] == nil then
         if not fields then fields = {} end
         nf = nf + 1; fields[nf] = pf; cached[pf] = false
       end
@@ -543,9 +547,11 @@ local function send_message(item, base)
     local name, df = targets[i], keyed[j]
     local dv = nil
     if df then dv = cached[df] end
+    local pf, pv = keyed[j - 2], nil
+    if pf then pv = cached[pf] end
     code, msg, limit, current, retry, tokens, turns =
       check_recipient(sender, sp, name, parent_of[name] or '', status_of[name], depth_of[name],
-        cached[keyed[j - 1]], dv, cached[keyed[j - 2]], now, limits)
+        cached[keyed[j - 1]], dv, pv, now, limits)
     if code then
       if one then return refuse(code, msg, limit, current, retry) end
       refused[nr + 1], refused[nr + 2], refused[nr + 3] = targets[i], code, msg

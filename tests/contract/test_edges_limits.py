@@ -250,6 +250,7 @@ def everyone_broadcasts(url: str, n: int) -> dict[str, int]:
         assert len(a.send("all", "hello everyone")) == n - 1
     peak = sum(channel_bytes(r, name).values())
     peak_fields = int(r.hlen(f"rb:{{{name}}}:rate"))
+    peak_rate = int(r.memory_usage(f"rb:{{{name}}}:rate", samples=0) or 0)
     for a in agents:
         got = a.read(limit=n)
         assert len(got) == n - 1
@@ -267,6 +268,7 @@ def everyone_broadcasts(url: str, n: int) -> dict[str, int]:
         "end": end,
         "start_fields": start_fields,
         "peak_fields": peak_fields,
+        "peak_rate_bytes": peak_rate,
         "fields": fields,
     }
 
@@ -277,7 +279,12 @@ def test_rate_bookkeeping_of_200_broadcasting_agents_is_swept_away(
     # given 200 agents on a channel; when each broadcasts once, everything is done and swept
     redis7.client().flushall()
     got = everyone_broadcasts(redis7.url, 200)
-    # then the channel's keys take what they took at the start, plus a small constant (the
+    # then at the peak the rate state holds a bucket per sender, none per pair (200 x 199
+    # pairs would be 39,800 fields, ~4 MB; 1,000 agents ~110 MB): a broadcast is the sender's
+    # budget
+    assert got["peak_fields"] <= got["start_fields"] + 200 + 2, got
+    assert got["peak_rate_bytes"] * 1000 / 200 <= 10 * 2**20, got  # 1,000 agents: <= 10 MB
+    # and the channel's keys take what they took at the start, plus a small constant (the
     # packed limits and the rate hash's own fields), however many pairs were active
     assert got["fields"] <= 3, got
     assert got["end"] - got["start"] < 4096, got
@@ -292,6 +299,7 @@ def test_rate_bookkeeping_of_1000_broadcasting_agents_is_swept_away(
 ) -> None:
     redis7.client().flushall()
     got = everyone_broadcasts(redis7.url, 1000)
+    assert got["peak_rate_bytes"] <= 10 * 2**20, got
     assert got["fields"] <= 3, got
     assert got["end"] - got["start"] < 4096, got
     with capsys.disabled():

@@ -130,8 +130,8 @@ class Model:
                 code = "inbox_full"
             elif turns > DAMPEN_TURNS:
                 code = "loop"
-            elif PAIR_BURST - self.pair_spent[sender, name] < 1:
-                code = "rate_limited"
+            elif mode != "all" and PAIR_BURST - self.pair_spent[sender, name] < 1:
+                code = "rate_limited"  # a broadcast is the sender's budget: no pair bucket
             else:
                 accepted.append((name, turns))
                 continue
@@ -146,9 +146,9 @@ class Model:
         self.sent += 1
         self.sender_spent[sender] += 1
         for name, turns in accepted:
-            self.pair_spent[sender, name] += 1
             self.inbox[name] += 1
             if mode != "all":
+                self.pair_spent[sender, name] += 1
                 self.turns[frozenset((sender, name))] = (turns, sender)
             out.append((name, "queued", ""))
         return out, depth, "\n".join(n for n, _ in accepted)
