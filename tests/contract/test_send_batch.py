@@ -246,7 +246,7 @@ def test_a_broadcast_to_dozens_checks_each_recipient(private: Server) -> None:
     with Bus.from_url(private.url) as bus:
         ch, members = _big_channel(bus, "bc-big")
         before = ch.counts()
-        buckets = {f: v for f, v in r.hgetall(ch.keys.rate).items() if f.startswith("p\n")}
+        buckets = {f: v for f, v in r.hgetall(ch.keys.rate).items() if str(f).startswith("p\n")}
         r.config_resetstat()
         # when: the sender broadcasts
         receipts = members["s"].send("all", "to everyone")
@@ -262,7 +262,9 @@ def test_a_broadcast_to_dozens_checks_each_recipient(private: Server) -> None:
                 assert outcome == ("rejected", "inbox_full"), name
             else:
                 assert outcome == ("queued", ""), name
-        after_buckets = {f: v for f, v in r.hgetall(ch.keys.rate).items() if f.startswith("p\n")}
+        after_buckets = {
+            f: v for f, v in r.hgetall(ch.keys.rate).items() if str(f).startswith("p\n")
+        }
         assert after_buckets == buckets and len(buckets) == 5 + 10  # s -> a10-a14, t -> a00-a09
         after = ch.counts()
         assert {n: after.get(n, 0) - before.get(n, 0) for n in got} == {
