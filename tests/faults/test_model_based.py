@@ -538,8 +538,9 @@ class BusModel(RuleBasedStateMachine):
         assert len(mine) == len(want)
         for m in mine:
             c = self.copies[(m["id"], agent)]
-            if c.state == "queued":
-                c.state, c.owner = "held", p
+            # read() hands out what it returns: a copy another replica holds unreturned (a
+            # mark_done fetched it ahead) moves to the reader, as a queued one is taken
+            c.state, c.owner = "held", p
             c.read = True
             c.handouts += 1
             self.handed[(p, agent)].add((c.id, agent))
