@@ -203,8 +203,8 @@ class AgentState:
                 continue  # this handle already returned it
             # a cancel signed for an ancestor wakes this agent only once the server says it
             # ended (the fetch's status, or the heartbeat's)
-            ok, reason = core.verdict(
-                signer, unsigned, channel, entry_id, f, name, self.id, cascade=self._cancelled
+            ok, reason = signer.verdict(
+                channel, entry_id, f, name, self.id, cascade=self._cancelled, unsigned=unsigned
             )
             if reason:
                 self._reject(entry_id, reason)

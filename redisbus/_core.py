@@ -31,7 +31,6 @@ from ._messages import (
     message_from_fields,
     parse_view,
     plan_view,
-    verdict,
     wait_kind,
 )
 from ._roster import members_from_hashes, new_agent_id, rank_cards, roster_of, tree_order
@@ -91,7 +90,6 @@ __all__ = [
     "split_replies",
     "tree_order",
     "unbatch",
-    "verdict",
     "wait_kind",
     "with_durable",
 ]

@@ -3,14 +3,14 @@ arguments of view.lua (read/list) and the parsing of its reply. No I/O."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from . import _validate as check
-from ._filters import ENTRY_ID, Filter, later_id, parse_filter, parse_since
+from ._entries import ttl_seconds
+from ._filters import Filter, later_id, parse_filter, parse_since
 from ._model import (
     _EPOCH,
     Message,
@@ -22,50 +22,6 @@ from ._model import (
 from ._signing import Signer
 
 # -- messages -----------------------------------------------------------------------------------
-
-
-_DIGITS = re.compile(r"[0-9]{1,18}")
-#: The longest ttl a message may carry (send() refuses more): past it, a raw write
-_MAX_TTL_S = 1e9
-
-
-def ttl_seconds(text: str | None) -> float | None:
-    """A ttl field as seconds, or None when it is absent or not a finite positive number."""
-    if not text or len(text) > 32:
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        return None
-    return v if 0 < v <= _MAX_TTL_S else None
-
-
-def malformed(f: Mapping[str, str]) -> str:
-    """ "" when a stream entry's fields decode as a message, else what is wrong. send.lua and
-    outcome.lua only write well-formed entries; anything else came from a raw write, and every
-    reader rejects it (reason "malformed": acknowledged, counted down, marked rejected) instead
-    of failing on it. The Lua scripts read the same fields with the same rules (``entry_ttl``
-    in _prelude.lua)."""
-    get = f.get
-    if not get("f"):
-        return "no sender"
-    for k in ("p", "d", "n"):
-        v = get(k)
-        if v is not None and not _DIGITS.fullmatch(v):
-            return f"field {k} is not a number"
-    if int(get("p") or 0) > 2:
-        return "priority out of range"
-    x = get("x")
-    if x is not None and ttl_seconds(x) is None:
-        return "ttl is not a positive number"
-    for k in ("r", "u"):
-        v = get(k)
-        if v and not ENTRY_ID.match(v):
-            return f"field {k} is not an entry id"
-    a = get("a")
-    if a is not None and a not in ("0", "1"):
-        return "broadcast flag is not 0 or 1"
-    return ""
 
 
 def message_from_fields(
@@ -183,33 +139,6 @@ def subject_forms(text: str) -> str:
     return "\n".join(groups)
 
 
-def verdict(
-    signer: Signer | None,
-    unsigned: str,
-    channel: str,
-    entry_id: str,
-    f: Mapping[str, str],
-    me: str,
-    my_id: str = "",
-    *,
-    cascade: bool = False,
-) -> tuple[bool | None, str]:
-    """(verified, reason) of an entry fetched by ``me``: (None, "") signing off; (True, "")
-    verified; (False, "") unsigned and delivered flagged (``unsigned="flag"``); (False,
-    reason) rejected: the caller never hands it over and records the reason. An entry that is
-    no message at all (``malformed``) is rejected whether signing is on or off."""
-    if malformed(f):
-        return (None if signer is None or not signer.enabled else False), "malformed"
-    if signer is None or not signer.enabled:
-        return None, ""
-    reason = signer.check(channel, entry_id, f, me, my_id, cascade=cascade)
-    if not reason:
-        return True, ""
-    if reason == "unsigned" and unsigned == "flag":
-        return False, ""
-    return False, reason
-
-
 def parse_view(
     channel: str,
     agent: str,
@@ -223,10 +152,10 @@ def parse_view(
 ) -> list[Message]:
     """The messages of a view reply; entries that fail the signature checks are left out, and
     those addressed to ``agent`` are listed in ``rejected`` as (entry id, reason)."""
-    out = []
+    out, signer = [], signer or Signer()
     for entry_id, flat, mark, *handed in reply[VIEW_ENTRIES:]:
         f = fields_from_flat(flat)
-        ok, reason = verdict(signer, unsigned, channel, entry_id, f, agent, agent_id)
+        ok, reason = signer.verdict(channel, entry_id, f, agent, agent_id, unsigned=unsigned)
         if reason:
             if rejected is not None and addressed_to(f, agent):
                 rejected.append((entry_id, reason))

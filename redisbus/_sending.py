@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from . import _validate as check
 from ._channels import fmt_number
+from ._entries import ttl_seconds
 from ._errors import (
     DeadLettered,
     InvalidInput,
@@ -18,7 +19,6 @@ from ._errors import (
     refusal,
 )
 from ._filters import check_entry_id
-from ._messages import ttl_seconds
 from ._model import (
     MESSAGE_TYPES,
     Receipt,

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ._clock import measure_skew, skew_error, skew_limit_s, too_skewed, wall_ms
+from ._entries import malformed
 from ._errors import NotPermitted
 
 _VERSION = "rb2"
@@ -52,7 +53,7 @@ REASONS = (
     "misaddressed",
     "stale",
     "replay",
-    "malformed",  # not the fields of a message at all (_messages.malformed): a raw write
+    "malformed",  # not the fields of a message at all (_entries.malformed): a raw write
 )
 
 #: The fields of an entry the signature covers, besides the channel and the addressing.
@@ -205,7 +206,7 @@ class Signer:
         sig = self.ring.sign_bytes(_payload(channel, kid, nonce, ts, mode, req, fields))
         return f"{kid}:{nonce}:{sig}:{mode}:{req}", ts
 
-    def check(
+    def verdict(
         self,
         channel: str,
         entry_id: str,
@@ -214,11 +215,31 @@ class Signer:
         my_id: str = "",
         *,
         cascade: bool = False,
+        unsigned: str = "reject",
+    ) -> tuple[bool | None, str]:
+        """(verified, reason) of an entry fetched by ``me``: (None, "") signing off; (True, "")
+        verified; (False, "") unsigned and delivered flagged (``unsigned="flag"``); (False,
+        reason) rejected: the caller never hands it over and records the reason. An entry that
+        is no message at all (``malformed``) is rejected whether signing is on or off.
+
+        The checks are those a receiver makes without the server (the replay check is
+        settle.lua's). ``cascade``: the server says ``me`` has ended (a cancel of an ancestor
+        reached it), so a signed cancel addressed to an ancestor may wake it."""
+        if malformed(f):
+            return (False if self.enabled else None), "malformed"
+        if not self.enabled:
+            return None, ""
+        reason = self._reason(channel, entry_id, f, me, my_id, cascade)
+        if not reason:
+            return True, ""
+        if reason == "unsigned" and unsigned == "flag":
+            return False, ""
+        return False, reason
+
+    def _reason(
+        self, channel: str, entry_id: str, f: Mapping[str, str], me: str, my_id: str, cascade: bool
     ) -> str:
-        """ "" when the entry passes every check a receiver makes without the server (the
-        replay check is settle.lua's), else the reason it is rejected. ``cascade``: the
-        server says ``me`` has ended (a cancel of an ancestor reached it), so a signed cancel
-        addressed to an ancestor may wake it."""
+        """ "" when the entry passes the signature checks, else the reason it is rejected."""
         g = f.get("g")
         if not g:
             return "unsigned"

@@ -177,14 +177,8 @@ class Fetching(AgentState):
         metrics, channel = self._bus.metrics, self.channel.name
         for entry_id, flat, deliveries in claimed:
             f = core.fields_from_flat(flat)
-            ok, reason = core.verdict(
-                self._bus._signer,
-                self._bus.settings.unsigned,
-                channel,
-                entry_id,
-                f,
-                self.name,
-                self.id,
+            ok, reason = self._bus._signer.verdict(
+                channel, entry_id, f, self.name, self.id, unsigned=self._bus.settings.unsigned
             )
             if reason:
                 self._reject(entry_id, reason)

@@ -159,6 +159,6 @@ def test_the_fields_a_chain_is_derived_from_are_signed(redis7: Server, field: st
     from redisbus._signing import signer_for
 
     signer = signer_for(bus.settings)
-    assert signer.check(ch.name, forwarded.id, fields, "a") == ""
-    assert signer.check(ch.name, forwarded.id, forged, "a") == "bad_signature"
+    assert signer.verdict(ch.name, forwarded.id, fields, "a") == (True, "")
+    assert signer.verdict(ch.name, forwarded.id, forged, "a") == (False, "bad_signature")
     bus.close()
