@@ -149,7 +149,7 @@ def node_checks(r: Any, prefix: str, username: str | None) -> list[Check]:
     version = tuple(int(x) for x in version_text.split(".")[:2] if x.isdigit())
     persistence = info(r, "persistence")
     return [
-        version_check(version_text, version),
+        version_check(version_text, version, str(server.get("valkey_version", ""))),
         eviction_check(info(r, "memory")),
         acl_check(r, prefix, username, version),
         script_check(r),
@@ -166,9 +166,13 @@ def info(r: Any, section: str) -> dict[str, Any]:
         return {}
 
 
-def version_check(text: str, version: tuple[int, ...]) -> Check:
+def version_check(text: str, version: tuple[int, ...], valkey: str = "") -> Check:
+    """``text``: INFO's redis_version (Valkey reports the Redis version it is compatible
+    with, 7.2.4, and its own as ``valkey``)."""
     if version >= MIN_VERSION:
-        return Check("version", "ok", f"Redis {text}")
+        return Check(
+            "version", "ok", f"Valkey {valkey} (Redis {text})" if valkey else f"Redis {text}"
+        )
     if version == ():
         return Check("version", "unknown", "INFO server is not permitted to this user")
     return Check(

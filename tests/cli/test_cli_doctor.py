@@ -55,6 +55,21 @@ def test_a_healthy_redis_passes(
     assert found["janitor"]["verdict"] == "unknown"
 
 
+def test_valkey_passes_and_is_named_as_valkey(
+    valkey: Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the embedded default when PATH has no server: INFO says redis_version 7.2.4 (what it is
+    # compatible with) and valkey_version 9.1.x; the doctor names both
+    valkey.client().flushall()
+    p = doctor(monkeypatch, capsys, valkey.url, "--json")
+    assert p.status == 0, p.stderr
+    found = verdicts(p)
+    assert found["version"]["verdict"] == "ok"
+    assert found["version"]["detail"].startswith("Valkey 9.")
+    assert "(Redis 7." in found["version"]["detail"]
+    assert {found[n]["verdict"] for n in ("eviction", "acl", "scripts")} == {"ok"}
+
+
 def test_an_evicting_redis_fails_and_says_how_to_fix_it(
     evicting: Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
