@@ -145,14 +145,14 @@ def parse_view(
     reply: Sequence[Any],
     *,
     preview_chars: int | None,
-    signer: Signer | None = None,
+    signer: Signer,
     unsigned: str = "reject",
     agent_id: str = "",
     rejected: list[tuple[str, str]] | None = None,
 ) -> list[Message]:
     """The messages of a view reply; entries that fail the signature checks are left out, and
     those addressed to ``agent`` are listed in ``rejected`` as (entry id, reason)."""
-    out, signer = [], signer or Signer()
+    out = []
     for entry_id, flat, mark, *handed in reply[VIEW_ENTRIES:]:
         f = fields_from_flat(flat)
         ok, reason = signer.verdict(channel, entry_id, f, agent, agent_id, unsigned=unsigned)

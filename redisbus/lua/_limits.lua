@@ -142,9 +142,9 @@ end
 -- status), inbox cap (`queued` its inbox depth), breaker (`brk`: "failures first until_ms",
 -- written by claim.lua / sweep.lua, or false), dampener (`dv`: the pair's "turns at_ms
 -- last_sender" or false; nil when not checked), pair bucket (`pv`, or false for a fresh one;
--- nil for none: a broadcast is the sender's budget, it has no bucket per pair). Returns nothing but the
--- tokens left in the pair bucket and the pair's turns when it passes, else code, message,
--- limit, current, retry_ms.
+-- nil for none: a broadcast is the sender's budget, it has no bucket per pair). Returns
+-- nothing but the tokens left in the pair bucket and the pair's turns when it passes, else
+-- code, message, limit, current, retry_ms.
 local function check_recipient(sender, sp, name, np, st, queued, brk, dv, pv, now, L)
   if L[1] ~= 'open' then
     local rel, ok = reach(sender, sp, name, np, false, L[2] == '1')

