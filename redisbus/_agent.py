@@ -61,6 +61,7 @@ class AgentState:
             channel.keys.rate,
             channel.keys.idem,
             channel.keys.limits,
+            channel.keys.bells,
         ]
         self._deferred: builtins.list[str] = []
         self._recovered = False
@@ -69,9 +70,7 @@ class AgentState:
         # meanwhile is caused by one of them (see _cause)
         self._handed: dict[str, int] = {}
         self._deepest: tuple[str, int] | None = None  # the deepest of them, once known
-        # the last entry id a new-message fetch gave this replica: the next fetch marks what
-        # it gets after it read, on the server, in the same round trip
-        self._fetched_to = "0-0"
+        self._bell_seen = "0-0"  # the last doorbell entry a fetch of this handle saw
         self._cancelled = False
         self._replicas = 1  # live replicas of the agent, as the last heartbeat counted them
         self._want_status: str | None = None
@@ -163,7 +162,7 @@ class AgentState:
         return [("settle", self._keys.settle, [self.name, *self._deferred])]
 
     def _result(self, msgs: builtins.list[Message], *, running: bool = False) -> WaitResult:
-        if not running:  # (a fetch's "n" op already set it when it returned messages)
+        if not running:  # (a fetch's wake.lua already set it when it returned messages)
             self._deferred += ["s", "running"]  # written with the next call (or the heartbeat)
         if otel.on:
             otel.received(self.channel.name, self.name, msgs, self._wait_ns, "wait")

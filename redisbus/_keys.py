@@ -20,6 +20,8 @@
 {prefix}:{<channel>}:lim     string: where 0.1.0 cached what "#lim" holds; never
                              written now, deleted by configure and when send.lua refills "#lim"
 {prefix}:{<channel>}:nonce   hash: "KID:NONCE" of a signed entry -> the first entry id carrying it
+{prefix}:{<channel>}:b:<agent>  stream: the agent's doorbell, one entry {i: entry id} per entry
+                             addressed to it that its waits have not taken yet (wake.lua)
 {prefix}:{<channel>}:nonce:at  sorted set: the same pairs by when they were recorded (ms), so
                              settle.lua forgets them after the replay horizon
 {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
@@ -50,6 +52,7 @@ class ChannelKeys:
     limits: str
     nonces: str
     nonce_at: str
+    bells: str  # the doorbells' prefix: an agent's bell is this and its name
 
     @classmethod
     def build(cls, prefix: str, channel: str) -> ChannelKeys:
@@ -71,11 +74,15 @@ class ChannelKeys:
             limits=base + "lim",
             nonces=base + "nonce",
             nonce_at=base + "nonce:at",
+            bells=base + "b:",
         )
 
-    @property
-    def view(self) -> list[str]:
-        """KEYS of view.lua."""
+    def bell(self, agent: str) -> str:
+        """The doorbell of ``agent``: what its waits block on (wake.lua)."""
+        return self.bells + agent
+
+    def view(self, agent: str) -> list[str]:
+        """KEYS of view.lua for ``agent``."""
         return [
             self.stream,
             self.inbox,
@@ -85,12 +92,23 @@ class ChannelKeys:
             self.dlq,
             self.rate,
             self.meta,
+            self.bell(agent),
         ]
 
     @property
     def settle(self) -> list[str]:
         """KEYS of settle.lua."""
-        return [self.stream, self.inbox, self.marks, self.status, self.nonces, self.nonce_at]
+        return [self.stream, self.inbox, self.marks, self.status]
+
+    @property
+    def outcome(self) -> list[str]:
+        """KEYS of outcome.lua."""
+        return [self.stream, self.parents, self.status, self.inbox, self.bells]
+
+    def wake(self, agent: str, signing: bool) -> list[str]:
+        """KEYS of wake.lua for ``agent``: the replay record only with signing on."""
+        keys = [self.stream, self.inbox, self.marks, self.status, self.bell(agent)]
+        return [*keys, self.nonces, self.nonce_at] if signing else keys
 
 
 def registry_key(prefix: str) -> str:

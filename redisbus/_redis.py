@@ -253,55 +253,49 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
 
 
 def fetch_commands(
-    sha: str,
+    shas: tuple[str, str],
     keys: ChannelKeys,
     group: str,
     consumer: str,
-    cursor: str,
     block_ms: int | None,
     settle: list[str] | None,
-    mark_after: str | None,
     replay_keep_ms: int,
+    bell_seen: str,
 ) -> list[tuple[Any, ...]]:
     """The commands of one fetch, sent in one trip by either face: the deferred ``settle`` ops
-    (settle.lua, ``sha``), the XREADGROUP (blocking when ``block_ms``) of ``keys.stream`` as
-    ``consumer`` of ``group`` from ``cursor``, then, with ``mark_after`` (the last entry id
-    this consumer fetched before), the "n" op that marks what the read returns read on the
-    server before the reply comes back and replies with the Redis clock; else a TIME. The
-    replay check's two keys go only with signing on (``replay_keep_ms``): nothing else reads
-    them, and two keys fewer cost every wake-up less."""
-    settle_keys = keys.settle if replay_keep_ms else keys.settle[:4]
-    nk = len(settle_keys)
+    (settle.lua, ``shas[0]``), then, when ``block_ms``, the blocking read of ``group``'s
+    doorbell after ``bell_seen`` (XREAD BLOCK: it returns when a message for the agent is rung,
+    or at the timeout), then wake.lua (``shas[1]``), which hands ``consumer`` what the bell
+    names. Redis runs a pipeline's commands in order, so wake.lua runs the moment the read
+    returns. The replay check's two keys go only with signing on (``replay_keep_ms``): nothing
+    else reads them, and two keys fewer cost every wake-up less."""
     commands: list[tuple[Any, ...]] = []
     if settle:
-        commands.append(("EVALSHA", sha, nk, *settle_keys, group, *settle))
-    read: tuple[Any, ...] = ("XREADGROUP", "GROUP", group, consumer, "COUNT", 500)
+        sk = keys.settle
+        commands.append(("EVALSHA", shas[0], len(sk), *sk, group, *settle))
     if block_ms is not None:
-        read += ("BLOCK", block_ms)
-    commands.append((*read, "STREAMS", keys.stream, cursor))
-    if mark_after is None:
-        commands.append(("TIME",))
-    else:
-        keep = f"\n{replay_keep_ms}" if replay_keep_ms else ""  # signing on: see settle.lua
-        op = f"{mark_after}\n{consumer}{keep}"
-        commands.append(("EVALSHA", sha, nk, *settle_keys, group, "n", op))
+        bell = keys.bell(group)
+        commands.append(("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", bell, bell_seen))
+    wk = keys.wake(group, bool(replay_keep_ms))
+    commands.append(("EVALSHA", shas[1], len(wk), *wk, group, consumer, replay_keep_ms))
     return commands
 
 
 def fetch_result(
-    out: list[Any], settled: bool, marked: bool
-) -> tuple[list[tuple[str, dict[str, str] | None]], int, int, str | None]:
-    """The replies of :func:`fetch_commands` (``settled``: it had settle ops; ``marked``: an
-    "n" op): the entries (less those settle.lua rejected as replays: never handed over), the
-    Redis clock in ms, how many it rejected, and the agent's status when the "n" op read it
-    (None otherwise)."""
-    entries = stream_entries(out[1 if settled else 0])
-    last = out[-1]
-    now = last[1:3] if marked else last
-    replayed = (last[3] if marked and len(last) > 3 else None) or []
-    status = last[4] if marked and len(last) > 4 else None
-    if replayed:
-        gone = set(replayed)
-        entries = [e for e in entries if e[0] not in gone]
+    out: list[Any], blocked: bool
+) -> tuple[list[tuple[str, dict[str, str] | None]], int, int, str | None, str | None]:
+    """The replies of :func:`fetch_commands` (``blocked``: it read the bell): the entries
+    wake.lua handed over (less those it rejected as replays: never handed over), the Redis
+    clock in ms, how many it rejected, the agent's status when wake.lua read it (None
+    otherwise), and the last bell entry the read saw (None when it saw none)."""
+    t1, t2, replayed, status, handed = out[-1]
+    rung = stream_entries(out[-2]) if blocked else []
+    entries = stream_entries([(None, handed)]) if handed else []
     status = status.decode() if isinstance(status, bytes) else status
-    return entries, int(now[0]) * 1000 + int(now[1]) // 1000, len(replayed), status or None
+    return (
+        entries,
+        int(t1) * 1000 + int(t2) // 1000,
+        len(replayed or ()),
+        status or None,
+        rung[-1][0] if rung else None,
+    )

@@ -297,6 +297,10 @@ class AsyncAgent(Fetching):
         if otel.on:
             self._wait_ns = otel.now_ns()
         deadline = time.monotonic() + t
+        if not self._recovered:
+            # What no doorbell names: entries written before the agent's bell existed (by an
+            # older redisbus) or by a raw write, fetched once per handle (rejected if bad)
+            await self._pull()
         if not self._recovered or self._pel_dirty:
             # Own pending entries first: after a restart (redeliveries), or after read() and
             # mark_done() fetched entries this handle has not returned yet.
@@ -327,9 +331,9 @@ class AsyncAgent(Fetching):
                     if self.slots is not None:
                         self.slots.release()
                         released = True
-                entries, now_ms = await self._fetch(">", block_ms)
+                entries, now_ms = await self._fetch(block_ms)
                 msgs = self._take(entries, now_ms, marked=True)
-                fresh = bool(msgs)  # the "n" op behind the fetch set the agent running
+                fresh = bool(msgs)  # wake.lua set the agent running
                 if (
                     block_ms
                     and not msgs
@@ -383,15 +387,7 @@ class AsyncAgent(Fetching):
             pass  # refused as a whole: nothing changed, nothing fetched
         elif -2 in flags:
             # addressed to this agent but not fetched yet (seen with list()): fetch, then retry
-            pull = core.plan_view(
-                self.name, self.replica, "open", None, None, 1, pull=True, mark=False
-            )
-            pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
-            while True:  # fetch until nothing is left (each call is capped)
-                got = await self._bus._io.script("view", k.view, [*pull.argv, self._replay_keep()])
-                if not int(got[2]):
-                    break
-            self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
+            await self._pull()
             flags = [int(x) for x in await self._bus._io.script("done", done[1], done[2])]
         self._drop_handed(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
@@ -444,7 +440,7 @@ class AsyncAgent(Fetching):
         )
         reply = await self._bus._io.script(
             "outcome",
-            [k.stream, k.parents, k.status, k.inbox],
+            k.outcome,
             [op, self.name, target, body, *sigs],
         )
         core.raise_if_refused(reply)

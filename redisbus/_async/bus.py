@@ -222,7 +222,7 @@ class AsyncBus:
                     continue
                 reply = await io.script(
                     "outcome",
-                    [k.stream, k.parents, k.status, k.inbox],
+                    k.outcome,
                     ["lost", name, name, _LOST, *sigs],
                 )
                 core.raise_if_refused(reply)

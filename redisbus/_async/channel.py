@@ -103,7 +103,7 @@ class AsyncChannel:
         k = self.keys
         reply = await self.bus._io.script(
             "remove",
-            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat, k.bell(name)],
             [name, "1" if force else "0"],
         )
         core.raise_if_refused(reply)
@@ -124,7 +124,7 @@ class AsyncChannel:
         k = self.keys
         reply = await self.bus._io.script(
             "leave",
-            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat, k.bell(agent.name)],
             [agent.name, agent.id, agent.replica],
         )
         return int(reply[0]) == 1
@@ -141,8 +141,11 @@ class AsyncChannel:
         rest = [
             getattr(k, f.name)
             for f in dataclasses.fields(k)
-            if f.name != "channel" and getattr(k, f.name) not in first
+            if f.name not in ("channel", "bells") and getattr(k, f.name) not in first
         ]
+        # the members' doorbells (a bell goes with its member when it leaves or is removed)
+        names = await self.bus._io.call(self.bus._io.r.hkeys, k.members)
+        rest += [k.bell(n.decode() if isinstance(n, bytes) else n) for n in names]
         reply = await self.bus._io.script("delete", [*first, *rest], ["1" if force else "0"])
         if int(reply[0]) == 0 and reply[1] == "unknown_channel":
             raise UnknownChannel(f"no such channel: {self.name!r}")
@@ -212,7 +215,7 @@ class AsyncChannel:
             f = dict(got[0][1])
             sig = list(signer.sign(self.name, f, mode="replay", recipients=[f.get("a", "")]))
         reply = await self.bus._io.script(
-            "replay", [k.stream, k.inbox, k.dlq, k.status], [dead, *sig]
+            "replay", [k.stream, k.inbox, k.dlq, k.status, k.bells], [dead, *sig]
         )
         core.raise_if_refused(reply)
         return str(reply[1])

@@ -12,7 +12,6 @@ from .. import _core as core
 from .. import _otel as otel
 from .._agent import ENDED, AgentState
 from .._errors import RedisbusError
-from .._filters import later_id
 from .._model import Message, id_ms
 
 __all__ = ["Fetching"]
@@ -38,7 +37,10 @@ class Fetching(AgentState):
         )
         k = self._keys
         rejected: builtins.list[tuple[str, str]] = []
-        calls = [*self._settle_calls(), ("view", k.view, [*plan.argv, self._replay_keep()])]
+        calls = [
+            *self._settle_calls(),
+            ("view", k.view(self.name), [*plan.argv, self._replay_keep()]),
+        ]
         reply = (await self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         if pull:
@@ -50,7 +52,7 @@ class Fetching(AgentState):
         while head[3] and len(got) < plan.limit:
             argv = [*plan.argv, self._replay_keep(), head[3]]
             argv[5] = str(plan.limit - len(got))
-            more = await self._bus._io.script("view", k.view, argv)
+            more = await self._bus._io.script("view", k.view(self.name), argv)
             fresh = [e for e in more[core.VIEW_ENTRIES :] if e[0] not in seen]
             seen.update(e[0] for e in fresh)
             # a newest-first scan continues with earlier entries
@@ -81,53 +83,48 @@ class Fetching(AgentState):
                     otel.received(self.channel.name, self.name, mine, None, "read")
         return msgs
 
-    async def _fetch(self, cursor: str, block_ms: int | None) -> tuple[builtins.list[Any], int]:
+    async def _pull(self) -> None:
+        """Fetch every new entry of the agent's group into this replica's pending list, as
+        read() does (view.lua), handing none over: wait() hands them out next."""
+        pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True, mark=False)
+        pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
+        while True:  # fetch until nothing is left (each call is capped)
+            argv = [*pull.argv, self._replay_keep()]
+            got = await self._bus._io.script("view", self._keys.view(self.name), argv)
+            if not int(got[2]):
+                break
+        self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
+
+    async def _fetch(self, block_ms: int | None) -> tuple[builtins.list[Any], int]:
+        """New entries for this agent: those its doorbell names (wake.lua), after blocking on
+        the bell up to ``block_ms`` (None: not at all)."""
         settle = list(self._deferred) if self._deferred else None
         io = self._bus._io
         before = io.retries
-        mark_after = self._fetched_to if cursor == ">" else None
         try:
-            entries, now, replayed, status = await io.fetch(
+            entries, now, replayed, status, rung = await io.fetch(
                 self._keys,
                 self.name,
                 self.replica,
-                cursor,
                 block_ms,
                 settle,
-                mark_after,
                 self._replay_keep(),
+                self._bell_seen,
             )
         except RedisbusError:
-            self._pel_dirty = True  # the fetch may have delivered entries we never saw
+            self._pel_dirty = True  # the fetch may have handed over entries we never saw
             raise
         if io.retries != before:
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
-        if mark_after is not None and entries and later_id(entries[0][0], mark_after) == mark_after:
-            # a rewound group (XGROUP SETID) gave entries again at or before the last fetch,
-            # which the "n" op (it looks after that fetch) did not see: look at them all once
-            entries, more = await self._recheck(entries)
-            replayed += more
-        if replayed:  # settle.lua rejected them (a copy of an earlier signed entry)
+        if rung is not None:
+            self._bell_seen = rung
+        if replayed:  # wake.lua rejected them (a copy of an earlier signed entry)
             self._bus.metrics.message_rejected("replay", replayed)
-        if mark_after is not None and entries:
-            self._fetched_to = later_id(entries[-1][0], mark_after) or entries[-1][0]
         if status in ENDED:  # another replica was woken by the cancel, or the agent ended
             self._cancelled = True
         return entries, now
-
-    async def _recheck(self, entries: builtins.list[Any]) -> tuple[builtins.list[Any], int]:
-        """settle.lua's "n" op over this replica's whole pending list: what it says was
-        finished before (or is a replay) is left out of ``entries``."""
-        keep = self._replay_keep()
-        k = self._keys
-        op = f"0-0\n{self.replica}" + (f"\n{keep}" if keep else "")
-        reply = await self._bus._io.script(
-            "settle", k.settle if keep else k.settle[:4], [self.name, "n", op]
-        )
-        gone = set(reply[3] or []) if len(reply) > 3 else set()
-        return [e for e in entries if e[0] not in gone], len(gone)
 
     async def _redeliver(self, *, own: bool, lapsed: bool = True) -> builtins.list[Message]:
         """Pending entries due to this replica (claim.lua), dead-lettering instead those

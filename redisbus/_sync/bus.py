@@ -221,7 +221,7 @@ class Bus:
                     continue
                 reply = io.script(
                     "outcome",
-                    [k.stream, k.parents, k.status, k.inbox],
+                    k.outcome,
                     ["lost", name, name, _LOST, *sigs],
                 )
                 core.raise_if_refused(reply)

@@ -104,7 +104,7 @@ class Channel:
         k = self.keys
         reply = self.bus._io.script(
             "remove",
-            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat, k.bell(name)],
             [name, "1" if force else "0"],
         )
         core.raise_if_refused(reply)
@@ -125,7 +125,7 @@ class Channel:
         k = self.keys
         reply = self.bus._io.script(
             "leave",
-            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
+            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat, k.bell(agent.name)],
             [agent.name, agent.id, agent.replica],
         )
         return int(reply[0]) == 1
@@ -142,8 +142,11 @@ class Channel:
         rest = [
             getattr(k, f.name)
             for f in dataclasses.fields(k)
-            if f.name != "channel" and getattr(k, f.name) not in first
+            if f.name not in ("channel", "bells") and getattr(k, f.name) not in first
         ]
+        # the members' doorbells (a bell goes with its member when it leaves or is removed)
+        names = self.bus._io.call(self.bus._io.r.hkeys, k.members)
+        rest += [k.bell(n.decode() if isinstance(n, bytes) else n) for n in names]
         reply = self.bus._io.script("delete", [*first, *rest], ["1" if force else "0"])
         if int(reply[0]) == 0 and reply[1] == "unknown_channel":
             raise UnknownChannel(f"no such channel: {self.name!r}")
@@ -210,7 +213,9 @@ class Channel:
                 raise InvalidInput(f"no dead letter {dead}")
             f = dict(got[0][1])
             sig = list(signer.sign(self.name, f, mode="replay", recipients=[f.get("a", "")]))
-        reply = self.bus._io.script("replay", [k.stream, k.inbox, k.dlq, k.status], [dead, *sig])
+        reply = self.bus._io.script(
+            "replay", [k.stream, k.inbox, k.dlq, k.status, k.bells], [dead, *sig]
+        )
         core.raise_if_refused(reply)
         return str(reply[1])
 

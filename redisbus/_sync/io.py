@@ -149,32 +149,30 @@ class IO:
         keys: ChannelKeys,
         group: str,
         consumer: str,
-        cursor: str,
         block_ms: int | None,
         settle: builtins.list[str] | None,
-        mark_after: str | None = None,
-        replay_keep_ms: int = 0,
-    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int, str | None]:
-        """XREADGROUP (blocking when block_ms) and the Redis clock at its return, in one trip,
-        with the deferred ``settle`` ops before it and, with ``mark_after``, the "n" op right
-        after it (``_redis.fetch_commands``): what the fetch returns is marked read on the
-        server before the reply comes back."""
+        replay_keep_ms: int,
+        bell_seen: str,
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int, str | None, str | None]:
+        """The blocking read of ``group``'s doorbell (when block_ms) and wake.lua right after
+        it, in one trip, with the deferred ``settle`` ops before them
+        (``_redis.fetch_commands``): what the fetch returns is marked read on the server
+        before the reply comes back."""
         self.check_open()
         if self.cluster:
             return self._routed(  # type: ignore[no-any-return]
                 keys.stream,
                 lambda io: io.fetch(
-                    keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
+                    keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
                 ),
             )
-        marked = mark_after is not None
-        scripts = ["settle"] if settle or marked else []
-        sha = self.load("settle") if scripts else ""
+        scripts = ["settle", "wake"] if settle else ["wake"]
+        shas = (self.load("settle") if settle else "", self.load("wake"))
         commands = fetch_commands(
-            sha, keys, group, consumer, cursor, block_ms, settle, mark_after, replay_keep_ms
+            shas, keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
         )
         out = self._scripted("fetch", commands, scripts)
-        return fetch_result(out, bool(settle), marked)
+        return fetch_result(out, block_ms is not None)
 
     # -- sends: not retried, each call's reply or error in its slot -------------------------
     def scripts_raw(self, calls: Sequence[Call]) -> builtins.list[Any]:

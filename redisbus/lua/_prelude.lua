@@ -81,6 +81,19 @@ local function id_before(a, b)
   return tonumber(as) < tonumber(bs)
 end
 
+-- ring the doorbells of the agents named in `to` (names joined by "\n") for entry `id`: one
+-- entry {i = id} in each agent's bell stream, `bells` .. name (the channel's bell prefix, a key
+-- of its KEYS; every bell carries the channel's hash tag). An agent's wait blocks on its own
+-- bell, not on the channel stream, so a message wakes its recipients only (wake.lua hands the
+-- entries a bell names to the replica woken)
+local function ring(bells, to, id)
+  if not string.find(to, '\n', 1, true) then
+    redis.call('XADD', bells .. to, '*', 'i', id)
+    return
+  end
+  for name in string.gmatch(to, '[^\n]+') do redis.call('XADD', bells .. name, '*', 'i', id) end
+end
+
 -- replay record of signed entries: did an entry before `id` carry the (key, nonce) of its
 -- signature field `sig` ("kid:nonce:...")? `nonces` maps "kid:nonce" to the first entry id
 -- seen with it, `nonce_at` holds when (ms) it was recorded. Copies always come later in the
@@ -96,6 +109,18 @@ local function seen_before(nonces, nonce_at, id, sig, now, record)
     if soft('HSET', nonces, tag, id) then soft('ZADD', nonce_at, now, tag) end
   end
   return false
+end
+
+-- reject entry `id` of `agent` that failed a check, for `reason`: acknowledged, the inbox
+-- counted down, marked "J<ms>:REASON" (its receipt says rejected). Returns 1 when it was
+-- pending
+local function reject(stream, inbox, marks, agent, id, reason, now_s)
+  if redis.call('XACK', stream, agent, id) == 1 then
+    redis.call('HINCRBY', inbox, agent, -1)
+    redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now_s .. ':' .. reason)
+    return 1
+  end
+  return 0
 end
 
 -- keep `agent`'s inbox count at least what its group holds pending: an entry a raw XADD wrote

@@ -2,6 +2,7 @@
 -- the dead-letter stream, atomically.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] dlq  KEYS[4] status
+-- KEYS[5] the bell prefix (the recipient's doorbell: see ring)
 -- ARGV[1] dead-letter entry id
 -- ARGV[2] the replay's signature ("" with signing off)   ARGV[3] its signing time (ms) or ""
 --
@@ -15,7 +16,8 @@
 -- mode "replay", for the recipient) over the same content, fresh: receivers check both
 -- (_signing.Signer.check), so a replay is neither stale nor a copy, and still the sender's.
 
-local stream, inbox, dlq, status, dead_id = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
+local stream, inbox, dlq, status, bells = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dead_id = ARGV[1]
 local e = redis.call('XRANGE', dlq, dead_id, dead_id)[1]
 if not e then return {0, 'invalid_input', 'no dead letter ' .. dead_id} end
 local recipient, fields, ns = nil, {}, 0
@@ -45,5 +47,6 @@ if (ARGV[2] or '') ~= '' then
 end
 local id = redis.call('XADD', stream, '*', unpack(fields))
 redis.call('HINCRBY', inbox, recipient, 1)
+ring(bells, recipient, id)
 redis.call('XDEL', dlq, dead_id)
 return {1, id, recipient}

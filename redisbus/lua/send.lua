@@ -4,6 +4,7 @@
 -- KEYS[5] ids      KEYS[6] inbox   KEYS[7] rate      KEYS[8] idem
 -- KEYS[9] limits: the string where older versions cached meta's limits (the cache is the
 --         rate hash's '#lim' field now); deleted when the cache is refilled
+-- KEYS[10] the bell prefix: each recipient's doorbell is this key and its name (see ring)
 -- ARGV is one message or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
@@ -54,8 +55,8 @@ local call, tonumber, tostring, find, match = redis.call, tonumber, tostring, st
   string.match
 local floor, unpack, type = math.floor, unpack, type
 
-local stream, meta, parents, status, ids, inbox, rate, idem, lim =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local stream, meta, parents, status, ids, inbox, rate, idem, lim, bells =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local NF = 14
 local count = #ARGV / NF
 if count < 1 or count ~= floor(count) then
@@ -68,7 +69,7 @@ end
 
 -- Append the message at ARGV offset `base` to the stream, addressed to `to` (names joined by
 -- "\n"), at `depth` in `chain` (see chain_of): the entry's one-letter fields, the optional
--- ones only when set. Returns the entry id.
+-- ones only when set; the recipients' doorbells rung. Returns the entry id.
 local function append(base, to, depth, chain, broadcast)
   local subject, mtype, prio = ARGV[base + 4], ARGV[base + 6], ARGV[base + 7]
   local reply_to, ttl, ikey = ARGV[base + 8], ARGV[base + 9], ARGV[base + 10]
@@ -90,7 +91,9 @@ local function append(base, to, depth, chain, broadcast)
   -- the message being handled when this one was sent: signed, so its chain cannot be forged
   if cause ~= '' then f[n + 1], f[n + 2], n = 'u', cause, n + 2 end
   if broadcast then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
-  return call('XADD', stream, '*', unpack(f, 1, n))
+  local id = call('XADD', stream, '*', unpack(f, 1, n))
+  ring(bells, to, id)
+  return id
 end
 
 -- The commonest send, one message to one member named as such, with no idempotency key

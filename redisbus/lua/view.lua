@@ -5,6 +5,7 @@
 --   (the replay record of settle.lua: "kid:nonce" -> first entry id, and when it was seen)
 -- KEYS[6] dlq  KEYS[7] rate  KEYS[8] meta (a read past max_deliveries dead-letters, as
 --   claim.lua does)
+-- KEYS[9] the agent's bell: what a read fetches is no longer for its waits to take (wake.lua)
 -- ARGV[1]  agent (its group)   ARGV[2] consumer (replica)
 -- ARGV[3]  "1": fetch new entries first (read) — entries not addressed to the agent are
 --          acknowledged at once, the others stay pending until done; "0": change nothing (list)
@@ -44,7 +45,7 @@
 -- one. Work is bounded: at most 20000 entries fetched and 20000 examined per call.
 
 local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
-local dlq, rate, meta = KEYS[6], KEYS[7], KEYS[8]
+local dlq, rate, meta, bell = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -120,6 +121,7 @@ end
 local more = 0 -- 1: the fetch stopped at its cap with entries left (call again)
 if pull then
   local fetched = 0
+  local fetched_mine, mine_n = {}, 0 -- the agent's entries fetched
   while true do
     local r = redis.call('XREADGROUP', 'GROUP', agent, consumer, 'COUNT', 1000, 'STREAMS', stream, '>')
     local entries = {}
@@ -131,7 +133,11 @@ if pull then
     local others = {}
     local copies = {} -- rejected once the others' entries are acknowledged (see reject_copy)
     for _, e in ipairs(entries) do
-      if not addressed(e[2], agent) then others[#others + 1] = e[1]
+      local mine = addressed(e[2], agent)
+      if mine then -- fetched here: its bell entry is no longer for a wait to take
+        fetched_mine[e[1]], mine_n = true, mine_n + 1
+      end
+      if not mine then others[#others + 1] = e[1]
       elseif finished(redis.call('HGET', marks, e[1] .. '\n' .. agent)) then
         others[#others + 1] = e[1] -- finished before: a rewound group gives it again
       elseif expired(e[1], e[2]) then expire(e[1])
@@ -142,6 +148,14 @@ if pull then
     fetched = fetched + #entries
     if #entries < 1000 then break end
     if fetched >= CAP then more = 1 break end
+  end
+  if mine_n > 0 then -- their bell entries go (a bell is in stream order: they lead it)
+    local rings = redis.call('XRANGE', bell, '-', '+', 'COUNT', 2 * mine_n + 8)
+    local gone = {}
+    for _, r in ipairs(rings) do
+      if fetched_mine[field(r[2], 'i') or ''] then gone[#gone + 1] = r[1] end
+    end
+    if gone[1] then redis.call('XDEL', bell, unpack(gone)) end
   end
 end
 if limit == 0 then return {now, 0, more, ''} end

@@ -7,7 +7,7 @@ import asyncio
 import os
 import threading
 import time
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import redis
@@ -322,18 +322,20 @@ def logged(tmp_path: Any) -> Any:
     srv.stop()
 
 
-WAKE_UP = ["settle s", "settle n", "done"]  # "waiting" before the read, read marks after, done
-#: what wait() sends, in one trip: the "waiting" status, the read, the read marks (whose reply
-#: carries the Redis clock: no TIME of its own)
-WAIT_TRIP = ["EVALSHA", "XREADGROUP", "EVALSHA"]
+WAKE_UP = ["settle s", "wake", "done"]  # "waiting" before the read, the hand-out after, done
+#: what wait() sends, in one trip: the "waiting" status, the blocking read of the agent's bell,
+#: wake.lua (whose reply carries the entries and the Redis clock: no TIME of its own)
+WAIT_TRIP = ["EVALSHA", "XREAD", "EVALSHA"]
 
 
 def _past_one_cycle(ch: Any) -> tuple[Any, Any]:
-    """Members a and b of ``ch``, b through one wait() / mark_done() cycle (past the first
-    wait's look at its own pending entries), so its next wait is a plain wake-up."""
+    """Members a and b of ``ch``, b through two wait() / mark_done() cycles (past the first
+    wait's look at its group and its own pending entries, and a first wake-up, which loads
+    the scripts), so its next wait is a plain wake-up."""
     a, b = ch.join("a"), ch.join("b")
-    a.send("b", "warm up")
-    b.mark_done(b.wait(timeout=1).messages)
+    for _ in range(2):
+        a.send("b", "warm up")
+        b.mark_done(b.wait(timeout=1).messages)
     return a, b
 
 
@@ -366,11 +368,14 @@ def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
         assert b.receipt(got[0])[0].status == "done"
 
 
-#: what the "n" op behind a wake-up's read runs on the server for one message addressed to
-#: the agent: the clock, the consumer's new pending entries, the entry's fields (recipients,
-#: ttl), its read mark, and the status "waiting" -> "running". It is in the wake-up's path (the
-#: read's reply leaves the server after it), so growing it slows every wake-up.
-N_OP = ["TIME", "XPENDING", "XRANGE", "HSETNX", "HGET", "HSET"]
+#: what wake.lua runs on the server for one message addressed to the agent: the clock, its
+#: bell's entries, their deletion, the marks of what they name (none: never handed out), the
+#: claim of the entry into the replica's pending list (which returns it), its read mark, the
+#: stream's last entry and the group's cursor moved there (the bell is empty), and the status
+#: "waiting" -> "running". It is in the wake-up's path (the read's reply leaves the server after
+#: it), so growing it slows every wake-up.
+WAKE_OP = ["TIME", "XRANGE", "XDEL", "HMGET", "XCLAIM", "HSET", "XREVRANGE", "XGROUP", "HGET",
+           "HSET"]  # fmt: skip
 
 
 def _ran(r: redis.Redis) -> list[str]:
@@ -385,43 +390,44 @@ def _ran(r: redis.Redis) -> list[str]:
     return out
 
 
-def test_the_read_marks_of_a_wake_up_cost_six_server_commands(logged: Server) -> None:
-    # given: a receiver through one wait() / mark_done() cycle, and a message waiting for it
+def test_a_wake_up_runs_ten_server_commands(logged: Server) -> None:
+    # given: a receiver through its first cycles, and a message waiting for it
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        a, b = _past_one_cycle(bus.channel("lane-n-op", **OPEN))
+        a, b = _past_one_cycle(bus.channel("lane-wake", **OPEN))
         a.send("b", "hello")
         r.slowlog_reset()
         # when: it waits
         got = b.wait(timeout=1).messages
         ran = _ran(r)
-        # then: after the read, the settle call's "n" op ran exactly these commands, and the
-        # message was read on the server before wait() returned
+        # then: after the bell's read, wake.lua ran exactly these commands, and the message
+        # was read on the server before wait() returned
         assert [m.body for m in got] == ["hello"]
-        read = ran.index("XREADGROUP")
-        assert ran[read + 1 :] == [f"lua:{c}" for c in N_OP] + ["EVALSHA"]
+        read = ran.index("XREAD")
+        assert ran[read + 1 :] == [f"lua:{c}" for c in WAKE_OP] + ["EVALSHA"]
         assert b.receipt(got[0])[0].status == "read"
-        # and with signing off it was not handed the replay check's two keys (settle.lua
-        # reads them only with signing on): stream, inbox, marks, status
-        n_op = [
+        # and with signing off it was not handed the replay check's two keys (wake.lua reads
+        # them only with signing on): stream, inbox, marks, status, bell
+        sha = bus._io.sha["wake"]
+        wake = [
             e["command"].split()
             for e in r.slowlog_get(1000)
-            if e["command"].split()[0].upper() == b"EVALSHA" and b"n" in e["command"].split()
+            if e["command"].split()[:2] == [b"EVALSHA", sha.encode()]
         ]
-        assert n_op and all(cmd[2] == b"4" for cmd in n_op)
+        assert wake and all(cmd[2] == b"5" for cmd in wake)
 
 
 @pytest.mark.parametrize("others", [1, 30])
-def test_a_wake_up_passes_over_others_entries_in_the_same_commands(
-    logged: Server, others: int
-) -> None:
+def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> None:
     # given: a channel where `others` messages between two other members came in ahead of
-    # the one for b (a member's group reads every entry of the channel's stream)
+    # the one for b, while b waited
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        ch = bus.channel(f"lane-n-others-{others}", **OPEN)
+        ch = bus.channel(f"lane-others-{others}", **OPEN)
         a, b = _past_one_cycle(ch)
         c = ch.join("c")
+        waiting = b.wait(timeout=0.2)  # (b waits on its bell: the others' sends never wake it)
+        assert waiting.kind == "timeout"
         for i in range(others):
             a.send("c", f"not for b {i}")
         a.send("b", "hello")
@@ -429,44 +435,37 @@ def test_a_wake_up_passes_over_others_entries_in_the_same_commands(
         # when: b wakes
         got = b.wait(timeout=1).messages
         ran = _ran(r)
-        # then: the "n" op read the fetch's entries in one range and acknowledged the others'
-        # in one XACK, whatever their number: the commands of one message plus that XACK
+        # then: it ran the commands of one message whatever the others' number: its group
+        # never read, held or acknowledged an entry of theirs
         assert [m.body for m in got] == ["hello"]
-        read = ran.index("XREADGROUP")
-        n_op = ran[read + 1 : -1]
-        assert n_op == ["lua:TIME", "lua:XPENDING", "lua:XRANGE", "lua:HSETNX", "lua:XACK",
-                        "lua:HGET", "lua:HSET"]  # fmt: skip
-        # and b holds nothing of the others', c still has all of its messages
+        read = ran.index("XREAD")
+        assert ran[read + 1 : -1] == [f"lua:{c}" for c in WAKE_OP]
         assert r.xpending(b._keys.stream, "b")["pending"] == 1
         assert b.receipt(got[0])[0].status == "read"
+        # and c still has all of its messages
         assert len(c.read()) == others
 
 
-def test_the_n_op_reads_an_entry_alone_when_another_replicas_fill_the_range(
-    logged: Server,
-) -> None:
-    # given: replica r1 of b took one message, then replica r2 took twenty, then r1 one more
-    # (raw reads, as two processes racing would): r1's two entries are far apart
+def test_a_bell_naming_anothers_entry_hands_nothing_over(logged: Server) -> None:
+    # given: b's bell rung by a raw write with an entry for c, a duplicate and no id at all
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        ch = bus.channel("lane-n-cut", **OPEN)
-        a, b = ch.join("a"), ch.join("b")
-        stream = b._keys.stream
-        first = a.send("b", "first").id
-        r.xreadgroup("b", "r1", {stream: ">"}, count=1)
-        for i in range(20):
-            a.send("b", f"to r2 {i}")
-        r.xreadgroup("b", "r2", {stream: ">"}, count=20)
-        last = a.send("b", "last").id
-        r.xreadgroup("b", "r1", {stream: ">"}, count=1)
-        # when: the "n" op marks what r1 fetched since before its first
-        keys = b._keys.settle[:4]
-        out = r.evalsha(bus._io.load("settle"), 4, *keys, "b", "n", "0-0\nr1")
-        # then: both of r1's entries are read, none of r2's
-        assert out[0] == 2
-        marks = cast(dict[str, str], r.hgetall(b._keys.marks))  # the client decodes replies
-        read = {k.split("\n")[0] for k, v in marks.items() if v.startswith("R")}
-        assert read == {first, last}
+        ch = bus.channel("lane-wrong-bell", **OPEN)
+        a, b = _past_one_cycle(ch)
+        c = ch.join("c")
+        for_c = a.send("c", "for c").id
+        bell = b._keys.bell("b")
+        r.xadd(bell, {"i": for_c})
+        r.xadd(bell, {"i": for_c})
+        r.xadd(bell, {"i": "99999999999999999999-1"})
+        r.xadd(bell, {"zz": "x"})
+        # when: b waits
+        res = b.wait(timeout=0.5)
+        # then: nothing is handed to b, its bell is empty, and c's message is still c's
+        assert res.kind == "timeout"
+        assert r.xlen(bell) == 0
+        assert r.xpending(b._keys.stream, "b")["pending"] == 0
+        assert [m.body for m in c.wait(timeout=1).messages] == ["for c"]
 
 
 async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
@@ -474,8 +473,9 @@ async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server)
     async with AsyncBus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
         ch = await bus.channel("alane-cycle", **OPEN)
         a, b = await ch.join("a"), await ch.join("b")
-        await a.send("b", "warm up")
-        await b.mark_done((await b.wait(timeout=1)).messages)
+        for _ in range(2):  # (the first wait looks at its group; the first wake-up loads)
+            await a.send("b", "warm up")
+            await b.mark_done((await b.wait(timeout=1)).messages)
         await a.send("b", "hello")
         r.slowlog_reset()
         got = (await b.wait(timeout=1)).messages
@@ -494,8 +494,9 @@ async def test_async_wait_fetches_on_lanes_of_its_own(redis7: Server) -> None:
     async with AsyncBus.from_url(redis7.url) as bus:
         ch = await bus.channel("alane-wait", **OPEN)
         a, b = await ch.join("a"), await ch.join("b")
-        await a.send("b", "warm up")
-        await b.mark_done((await b.wait(timeout=1)).messages)
+        for _ in range(2):  # (the first wait looks at its group; the first wake-up loads)
+            await a.send("b", "warm up")
+            await b.mark_done((await b.wait(timeout=1)).messages)
         pool = bus._io.r.connection_pool
         checkouts = 0
         real = pool.get_connection

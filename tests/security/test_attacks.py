@@ -105,12 +105,23 @@ def snapshot(raw: Any, ch: Any) -> dict[str, Any]:
     }
 
 
+def forge(raw: Any, ch: Any, fields: Any) -> str:
+    """XADD ``fields`` to the channel's stream and ring the doorbell of each agent they
+    address, as an attacker with raw write access does to reach a waiting agent (a wait
+    blocks on its bell: an entry no bell names is never handed to it)."""
+    entry_id = str(raw.xadd(ch.keys.stream, fields))
+    for name in str(fields.get("t", "")).split("\n"):
+        if name:
+            raw.xadd(ch.keys.bell(name), {"i": entry_id})
+    return entry_id
+
+
 def copy_of(raw: Any, ch: Any, entry_id: str, **changes: str) -> str:
     """XADD a copy of entry ``entry_id`` with ``changes`` to its fields (an attacker with raw
-    write access and no key)."""
+    write access and no key), its recipients' bells rung."""
     ((_, fields),) = raw.xrange(ch.keys.stream, entry_id, entry_id)
     fields.update(changes)
-    return str(raw.xadd(ch.keys.stream, fields))
+    return forge(raw, ch, fields)
 
 
 def mark_of(raw: Any, ch: Any, entry_id: str, agent: str) -> str:
@@ -123,7 +134,7 @@ def test_a_forged_entry_without_a_key_is_refused(env: Env) -> None:
     ch.join("director")
     reader, writer = ch.join("a-reader"), ch.join("a-writer")
     before = snapshot(env.raw, ch)
-    unsigned = str(env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "pay"}))
+    unsigned = str(forge(env.raw, ch, {"f": "a-writer", "t": "a-reader", "b": "pay"}))
     fake = str(
         env.raw.xadd(
             ch.keys.stream,
@@ -229,6 +240,27 @@ def test_a_replayed_outcome_reaches_the_parent_once(env: Env) -> None:
     assert snapshot(env.raw, ch) == before
 
 
+def test_an_entry_no_bell_names_never_reaches_a_waiting_agent(env: Env) -> None:
+    # given: a reader past its first wait (which fetches what its group holds), and an
+    # attacker's raw XADD addressed to it, counted in, with no ring of its bell
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    assert reader.wait(timeout=0.2).kind == "timeout"
+    before = snapshot(env.raw, ch)
+    forged = str(env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "pay"}))
+    # when: the reader waits
+    res = reader.wait(timeout=0.5)
+    # then: it is not woken by it, is never handed it, and nothing changed; the next genuine
+    # message comes alone
+    assert res.kind == "timeout"
+    reader.flush()
+    assert snapshot(env.raw, ch) == before
+    assert mark_of(env.raw, ch, forged, "a-reader") == ""
+    writer.send("a-reader", "genuine")
+    assert [m.body for m in reader.wait(timeout=5).messages] == ["genuine"]
+
+
 def test_a_host_cannot_join_under_a_name_it_does_not_own(env: Env) -> None:
     a, b = env.bus("host-a"), env.bus("host-b")
     name = env.channel_name()
@@ -255,7 +287,7 @@ def test_a_key_is_refused_on_a_channel_it_is_not_allowed_on(env: Env) -> None:
     fields = {"f": "c-carol", "t": "a-reader", "b": "hello"}
     g, n = signer.sign(name, fields, mode="one", recipients=["a-reader"])
     before = snapshot(env.raw, ch)
-    forged = str(env.raw.xadd(ch.keys.stream, {**fields, "g": g, "n": n}))
+    forged = str(forge(env.raw, ch, {**fields, "g": g, "n": n}))
     assert reader.wait(timeout=0.5).kind == "timeout"
     reader.flush()
     assert snapshot(env.raw, ch) == before
@@ -295,7 +327,7 @@ def test_a_signature_made_outside_the_window_is_refused(env: Env) -> None:
     fields = {"f": "a-writer", "t": "a-reader", "b": "signed two minutes ago"}
     old = str(int(time.time() * 1000) - 120_000)
     g, n = signer.sign(name, fields, mode="one", recipients=["a-reader"], ts=old)
-    forged = str(env.raw.xadd(ch.keys.stream, {**fields, "g": g, "n": n}))
+    forged = str(forge(env.raw, ch, {**fields, "g": g, "n": n}))
     assert reader.wait(timeout=0.5).kind == "timeout"
     reader.flush()
     assert mark_of(env.raw, ch, forged, "a-reader").endswith(":stale")
@@ -362,7 +394,7 @@ def test_the_rejections_are_counted_by_reason(redis7: Any, tmp_path: Path) -> No
         reader.wait(timeout=5)
         assert r.id is not None
         copy_of(e.raw, ch, r.id)
-        e.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "forged"})
+        forge(e.raw, ch, {"f": "a-writer", "t": "a-reader", "b": "forged"})
         assert reader.wait(timeout=0.5).kind == "timeout"
         sample = registry.get_sample_value
         for reason in ("replay", "unsigned"):
@@ -400,7 +432,7 @@ def test_a_malformed_entry_is_rejected_on_every_path_and_wedges_nobody(
     bus = env.bus("host-a")
     ch = bus.channel(env.channel_name(), **FAST)
     reader, writer = ch.join("a-reader"), ch.join("a-writer")
-    bad = str(env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": "x", **poison}))
+    bad = str(forge(env.raw, ch, {"f": "a-writer", "t": "a-reader", "b": "x", **poison}))
 
     # when: every reading path meets it: list, mark_done's fetch-ahead (which takes the bad
     # entry into the reader's pending list with the genuine one after it), wait (which hands
@@ -436,7 +468,7 @@ def test_a_malformed_entry_never_raises_from_a_reader_with_signing_off_or_on(
     try:
         ch = bus.channel("atk-poison", **FAST)
         reader, writer = ch.join("a-reader"), ch.join("a-writer")
-        bad = e.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "x": "abc", "b": "b"})
+        bad = forge(e.raw, ch, {"f": "a-writer", "t": "a-reader", "x": "abc", "b": "b"})
         assert reader.list(filter_by="all") == []
         assert reader.read() == []
         assert reader.wait(timeout=0.3).kind == "timeout"
@@ -460,7 +492,7 @@ def test_rejected_entries_are_trimmed_and_never_open_the_inbox_cap(env: Env) -> 
         writer.send("a-reader", f"m{i}")
         reader.mark_done(reader.wait(timeout=5).messages)
     for i in range(3):
-        env.raw.xadd(ch.keys.stream, {"f": "a-writer", "t": "a-reader", "b": f"forged {i}"})
+        forge(env.raw, ch, {"f": "a-writer", "t": "a-reader", "b": f"forged {i}"})
     assert reader.wait(timeout=0.3).kind == "timeout"
     reader.flush()
 
