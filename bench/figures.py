@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from bench import baselines as b
 from bench import cases as c
+from bench import fanin
 from bench import scale
 from bench.common import Ctx, Metrics
 from bench.otel import isolated
@@ -22,6 +23,7 @@ P99_PACED = Metric("p99_us", "latency p99 at 500 msg/s", "µs", higher_is_better
 MISSED = Metric("missed", "messages never consumed", "", higher_is_better=False, ratio=False)
 #: The sync face's wake-up, the reference of the async face's.
 SYNC_WAIT = "sync wait()"
+SERVER_US = Metric("server_us_per_msg", "server CPU per message", "µs", higher_is_better=False)
 TRIPS = Metric("round_trips", "round trips per call", "", higher_is_better=False, ratio=False)
 
 
@@ -135,6 +137,21 @@ FIGURES: tuple[Figure, ...] = (
         baseline_is_bus=True,
         targets=(Target("msgs_per_s", "ratio_min", 3.0, "≥ 3x one sync client"),),
         refs=(("redis.asyncio XADD, 100 tasks", b.raw_async_xadd_concurrent),),
+    ),
+    Figure(
+        "fanin",
+        "100 agents waiting on one channel, direct messages from one producer, aggregate",
+        fanin.bus_fanin,
+        (THROUGHPUT, SERVER_US),
+        baseline=("raw XREADGROUP, one stream per consumer", fanin.raw_fanin),
+        targets=(Target("msgs_per_s", "ratio_min", 0.8, "≥ 0.8x raw"),),
+        refs=(
+            ("the same, 10 agents", fanin.bus_fanin_10),
+            ("the same, 1,000 agents", fanin.bus_fanin_1000),
+        ),
+        note="each agent blocks on its own doorbell: a direct message wakes its recipient "
+        "only, so the server's work per message does not grow with the channel",
+        max_rounds=3,
     ),
     Figure(
         "broadcast",

@@ -65,6 +65,7 @@ class AgentState:
         ]
         self._deferred: builtins.list[str] = []
         self._recovered = False
+        self._pulled = False  # wait() fetched what no doorbell names (once per handle)
         self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
         # ids returned to this handle and not yet done, with their chain depth: what it sends
         # meanwhile is caused by one of them (see _cause)

@@ -297,15 +297,20 @@ class AsyncAgent(Fetching):
         if otel.on:
             self._wait_ns = otel.now_ns()
         deadline = time.monotonic() + t
-        if not self._recovered:
-            # What no doorbell names: entries written before the agent's bell existed (by an
-            # older redisbus) or by a raw write, fetched once per handle (rejected if bad)
-            await self._pull()
         if not self._recovered or self._pel_dirty:
             # Own pending entries first: after a restart (redeliveries), or after read() and
             # mark_done() fetched entries this handle has not returned yet.
             msgs = await self._redeliver(own=True)
             self._recovered, self._pel_dirty = True, False
+            if msgs:
+                return self._result(msgs)
+        if not self._pulled:
+            # Then, once per handle, what no doorbell names: entries written before the
+            # agent's bell existed (by an older redisbus) or by a raw write (rejected if bad)
+            self._pulled = True
+            await self._pull()
+            msgs = await self._redeliver(own=True)
+            self._pel_dirty = False
             if msgs:
                 return self._result(msgs)
         claimed = await self._redeliver(own=False)
