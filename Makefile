@@ -51,10 +51,12 @@ $(NEWEST_STAMP): pyproject.toml
 	$(NEWEST_VENV)/bin/pip install -q -e '.[testing,signing]' --group fast
 	@touch $(NEWEST_STAMP)
 
-test-newest:  ## the fast tier on the newest Python the machine has (3.13 here)
+test-newest:  ## the fast tier on the newest Python the machine has (3.13 here), scripts run by EVALSHA
 	@if [ "$$($(NEWEST_PY) -c 'import sys; print(sys.version_info >= (3, 12))')" != True ]; then \
-		echo "test-newest: $(NEWEST_PY) is not newer than 3.11; make suite covered it"; \
-	else $(MAKE) --no-print-directory $(NEWEST_STAMP) && $(NEWEST_VENV)/bin/python -m tests.run --fast; fi
+		echo "test-newest: $(NEWEST_PY) is not newer than 3.11: the fast tier by EVALSHA on .venv"; \
+		REDISBUS_FUNCTIONS=false $(BIN)/python -m tests.run --fast; \
+	else $(MAKE) --no-print-directory $(NEWEST_STAMP) && \
+		REDISBUS_FUNCTIONS=false $(NEWEST_VENV)/bin/python -m tests.run --fast; fi
 
 soak: $(STAMP)  ## the model-based test for ten minutes (REDISBUS_SOAK_S=seconds), then the soak tests
 	REDISBUS_SOAK=1 $(BIN)/python -m pytest tests/faults/test_model_based.py -q -s -p no:cacheprovider

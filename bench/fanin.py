@@ -70,6 +70,16 @@ def _measure(ctx: Ctx, n: int, start_producer: Any, consume: Any) -> Metrics:
     return {"msgs_per_s": n / elapsed, "server_us_per_msg": cpu / n * 1e6}
 
 
+async def _until(finished: asyncio.Event, consumers: list[Any]) -> None:
+    """Run the consumers until ``finished``, then cancel them (each blocks up to 30 s: long
+    enough that no quiet slice's bookkeeping counts in the measure)."""
+    tasks = [asyncio.ensure_future(c) for c in consumers]
+    await finished.wait()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 # --- raw redis-py: one stream per consumer -----------------------------------------------------
 
 
@@ -106,7 +116,7 @@ def raw_fanin(ctx: Ctx, members: int = 100) -> Metrics:
             if started == members:
                 armed.set()
             while not finished.is_set():
-                got: Any = await r.xreadgroup(GROUP, "c", {stream: ">"}, count=100, block=1000)
+                got: Any = await r.xreadgroup(GROUP, "c", {stream: ">"}, count=100, block=30_000)
                 if got:
                     ids = [e[0] for e in got[0][1]]
                     await r.xack(stream, GROUP, *ids)
@@ -116,7 +126,7 @@ def raw_fanin(ctx: Ctx, members: int = 100) -> Metrics:
                         finished.set()
 
         try:
-            await asyncio.gather(*(consumer(s) for s in streams))
+            await _until(finished, [consumer(s) for s in streams])
         finally:
             await r.aclose()
 
@@ -126,6 +136,92 @@ def raw_fanin(ctx: Ctx, members: int = 100) -> Metrics:
         return p
 
     return _measure(ctx, n, start, consume)
+
+
+# --- raw redis-py: the layouts a channel could have (the alternatives of docs/architecture.md) --
+
+
+def _shared_producer(
+    url: str, stream: str, names: list[str], n: int, ring: bool, ready: Event, go: Event
+) -> None:
+    r = redis.Redis.from_url(url)
+    r.ping()
+    ready.set()
+    go.wait(60)
+    for i in range(n):
+        to = names[i % len(names)]
+        if ring:  # the entry and the recipient's doorbell, in one round trip
+            pipe = r.pipeline(transaction=False)
+            pipe.xadd(stream, {"from": "producer", "to": to, "body": body()})
+            pipe.xadd(f"{stream}:bell:{to}", {"i": "1"})
+            pipe.execute()
+        else:
+            r.xadd(stream, {"from": "producer", "to": to, "body": body()})
+    r.close()
+
+
+def _raw_shared(ctx: Ctx, members: int, ring: bool) -> Metrics:
+    """One stream, one consumer group per consumer (the channel's layout). Without ``ring``
+    every consumer blocks on the stream (``XREADGROUP BLOCK``) and acknowledges every entry,
+    keeping its own; with ``ring`` each blocks on a doorbell stream of its own (``XREAD
+    BLOCK``), then reads its group, everything since its last read, without blocking."""
+    n = ctx.size(2_000, 5_000)
+    stream = ctx.name(f"fanin-shared-{members}-{int(ring)}")
+    names = [f"w{i}" for i in range(members)]
+    setup = redis.Redis.from_url(ctx.url)
+    for w in names:
+        setup.xgroup_create(stream, w, id="$", mkstream=True)
+    setup.close()
+
+    async def consume(armed: asyncio.Event, end: Any) -> None:
+        r = aredis.Redis.from_url(ctx.url)
+        done = 0
+        finished = asyncio.Event()
+        started = 0
+
+        async def consumer(w: str) -> None:
+            nonlocal done, started
+            started += 1
+            if started == members:
+                armed.set()
+            seen = "0-0"
+            while not finished.is_set():
+                if ring:
+                    rung: Any = await r.xread({f"{stream}:bell:{w}": seen}, count=1, block=30_000)
+                    if not rung:
+                        continue
+                    seen = rung[0][1][-1][0]
+                    got: Any = await r.xreadgroup(w, "c", {stream: ">"}, count=1_000)
+                else:
+                    got = await r.xreadgroup(w, "c", {stream: ">"}, count=100, block=30_000)
+                if got:
+                    entries = got[0][1]
+                    await r.xack(stream, w, *[e[0] for e in entries])
+                    done += sum(1 for e in entries if e[1][b"to"] == w.encode())
+                    if done >= n and not finished.is_set():
+                        end()
+                        finished.set()
+
+        try:
+            await _until(finished, [consumer(w) for w in names])
+        finally:
+            await r.aclose()
+
+    def start(spawn: Any, ready: Event, go: Event) -> Any:
+        args = (ctx.url, stream, names, n, ring, ready, go)
+        p = spawn.Process(target=_shared_producer, args=args)
+        p.start()
+        return p
+
+    return _measure(ctx, n, start, consume)
+
+
+def raw_fanin_shared(ctx: Ctx) -> Metrics:
+    return _raw_shared(ctx, 100, ring=False)
+
+
+def raw_fanin_bell_scan(ctx: Ctx) -> Metrics:
+    return _raw_shared(ctx, 100, ring=True)
 
 
 # --- redisbus: one channel, one agent per consumer ---------------------------------------------
@@ -175,7 +271,7 @@ def bus_fanin(ctx: Ctx, members: int = 100) -> Metrics:
                 if started == members:
                     armed.set()
                 while not finished.is_set():
-                    got = await a.wait(timeout=1)
+                    got = await a.wait(timeout=30)
                     if got.messages:
                         await a.mark_done(got.messages)
                         done += len(got.messages)
@@ -183,7 +279,7 @@ def bus_fanin(ctx: Ctx, members: int = 100) -> Metrics:
                             end()
                             finished.set()
 
-            await asyncio.gather(*(consumer(a) for a in agents))
+            await _until(finished, [consumer(a) for a in agents])
         finally:
             await bus.aclose()
 

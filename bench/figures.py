@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from bench import baselines as b
 from bench import cases as c
-from bench import fanin
-from bench import scale
+from bench import fanin, scale
 from bench.common import Ctx, Metrics
 from bench.otel import isolated
 from bench.report import Metric, Target
@@ -148,6 +147,11 @@ FIGURES: tuple[Figure, ...] = (
         refs=(
             ("the same, 10 agents", fanin.bus_fanin_10),
             ("the same, 1,000 agents", fanin.bus_fanin_1000),
+            ("raw, one stream, a group per consumer, all blocked on it", fanin.raw_fanin_shared),
+            (
+                "raw, the same, each woken by a doorbell, reading all since",
+                fanin.raw_fanin_bell_scan,
+            ),
         ),
         note="each agent blocks on its own doorbell: a direct message wakes its recipient "
         "only, so the server's work per message does not grow with the channel",

@@ -11,13 +11,14 @@ a change that runs fewer of them on the same path is cheaper.
 - ``send``: one ``send()`` to one member (the straight path of ``send.lua``), every limit on;
 - ``batch``: ``send_many`` of 100 such messages, per message;
 - ``broadcast``: ``send("all", ...)`` to the 100 other members (``send.lua``'s general routine);
-- ``wake n op``: the ``"n"`` op that ``wait()``'s fetch runs right after its ``XREADGROUP``
-  (``settle.lua``), replayed on one pending entry.
+- ``wake, empty bell``: wake.lua on a bell with nothing in it (what a quiet wait costs).
 
 ``--fleet`` counts instead the whole message of the scale figure's fleet (send, ``wait()``,
 ``mark_done``, channels of 10 agents) on one server and on Clusters of 1 and 3 shards, every
 primary under callgrind, summed over them: what a message costs the servers, with the idle
-work of the same span taken out.
+work of the same span taken out; and beside it, on one server counted the same way, the raw
+Streams life of the same walk (``XADD`` to the recipient's stream, ``XREADGROUP`` of it,
+``XACK``: one stream and one group per agent), the baseline of the ≤ 4x target.
 
 ``--against DIR`` counts the same calls with the ``redisbus`` package found in DIR (an older
 checkout, say) in the same run, for a before/after table. Needs ``valgrind`` and
@@ -165,19 +166,18 @@ def worker() -> dict[str, float]:
             for _ in range(5):
                 caller.send("all", "x" * 64, subject="s")
             cast = _captured(lambda: caller.send("all", "x" * 64, subject="s"))
-            # the "n" op of bob's next fetch, replayed on the entry it fetched (left pending)
-            w = bob.wait(5)
-            bob.mark_done(w.messages)
-            alice.send("bob", "y", subject="s")
-            fetch = _pipelined(lambda: bob.wait(5))
-            n_op = next(c for c in reversed(fetch) if c[0] == "EVALSHA" and "n" in c)
+            # bob's wake.lua on an empty bell (its fetch's last command), replayed
+            for _ in range(2):
+                alice.send("bob", "y", subject="s")
+                bob.mark_done(bob.wait(5).messages)
+            wake = _pipelined(lambda: bob.wait(0))[-1]
             keys = bob._keys
             dumps: dict[int, int] = {}
             for name, cmd, per in (
                 ("send", send, 1),
                 ("batch, per message", batch, BATCH),
                 ("broadcast to 100", cast, 1),
-                ("wake n op", n_op, 1),
+                ("wake, empty bell", wake, 1),
             ):
                 calls = CALLS if per == 1 else CALLS // BATCH
                 if name.startswith("broadcast"):
@@ -274,6 +274,44 @@ def _fleet_run(
     }
 
 
+def _raw_fleet_run(
+    url: str, pids: list[int], out: str, channels: int, cycles: int
+) -> dict[str, float]:
+    """The fleet's walk on raw Streams, counted as :func:`_fleet_run` counts it: per message
+    an ``XADD`` to the recipient's stream, an ``XREADGROUP`` of it and an ``XACK``."""
+    import redis
+
+    r = redis.Redis.from_url(url)
+    streams = [[f"raw-fleet-c{c}-a{j}" for j in range(AGENTS)] for c in range(channels)]
+    for row in streams:
+        for s in row:
+            r.xgroup_create(s, "g", id="$", mkstream=True)
+
+    def step(i: int) -> None:
+        row = streams[i % channels]
+        s = row[(i // channels + 1) % AGENTS]
+        r.xadd(s, {"f": "a", "t": "b", "b": "x" * 64})
+        got: Any = r.xreadgroup("g", "c", {s: ">"}, count=1)
+        r.xack(s, "g", got[0][1][0][0])
+
+    warm = channels * AGENTS
+    for i in range(warm):
+        step(i)
+    dumps: dict[int, int] = {}
+    t0 = time.perf_counter()
+
+    def load() -> None:
+        for i in range(warm, warm + cycles):
+            step(i)
+
+    counts = _count_all(pids, out, dumps, load)
+    wall = time.perf_counter() - t0
+    idle = _count_all(pids, out, dumps, lambda: time.sleep(min(wall, 10.0)))
+    r.close()
+    net = sum(counts) - sum(idle) / min(wall, 10.0) * wall
+    return {"per_msg": net / cycles, "busiest_share": 1.0, "idle_share": 0.0}
+
+
 def fleet(
     channels: int = FLEET_CHANNELS, cycles: int = FLEET_CYCLES, clusters: tuple[int, ...] = (1, 3)
 ) -> dict[str, dict[str, float]]:
@@ -285,6 +323,7 @@ def fleet(
         with _server(cg) as (port, pid):
             url = f"redis://127.0.0.1:{port}/0"
             out["one server"] = _fleet_run(url, False, [pid], cg, channels, cycles)
+            out["raw Streams, one server"] = _raw_fleet_run(url, [pid], cg, channels, cycles)
         for shards in clusters:
             with _cluster(cg, os.path.join(tmp, f"c{shards}"), shards) as nodes:
                 url = f"redis://127.0.0.1:{nodes[0][0]}/0"
@@ -362,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     one = runs[-1][1]["one server"]["per_msg"]
     print()
     for topo, v in runs[-1][1].items():
+        if topo.startswith("raw"):
+            print(f"- redisbus on one server: {one / v['per_msg']:.2f}x the {topo} life")
+            continue
         print(
             f"- {topo}: {v['per_msg'] / one:.3f}x one server, busiest server "
             f"{v['busiest_share']:.0%} of the instructions"

@@ -25,7 +25,9 @@ _RETRY_PREFIXES = ("TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "READONLY
 
 def classify(e: BaseException) -> tuple[Action, RedisbusError]:
     """How to react to a Redis exception, and the typed error to raise when giving up."""
-    if isinstance(e, rx.NoScriptError):
+    if isinstance(e, rx.NoScriptError) or (
+        isinstance(e, rx.ResponseError) and str(e).startswith("Function not found")
+    ):
         return "reload", RedisbusError(f"script cache lost: {e}")
     if isinstance(e, rx.RedisClusterException) and not isinstance(e, rx.RedisError):
         # redis-py's cluster errors ("cannot be connected", slot not covered) sit outside
@@ -253,6 +255,7 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
 
 
 def fetch_commands(
+    verb: str,
     shas: tuple[str, str],
     keys: ChannelKeys,
     group: str,
@@ -262,22 +265,23 @@ def fetch_commands(
     replay_keep_ms: int,
     bell_seen: str,
 ) -> list[tuple[Any, ...]]:
-    """The commands of one fetch, sent in one trip by either face: the deferred ``settle`` ops
-    (settle.lua, ``shas[0]``), then, when ``block_ms``, the blocking read of ``group``'s
-    doorbell after ``bell_seen`` (XREAD BLOCK: it returns when a message for the agent is rung,
-    or at the timeout), then wake.lua (``shas[1]``), which hands ``consumer`` what the bell
-    names. Redis runs a pipeline's commands in order, so wake.lua runs the moment the read
-    returns. The replay check's two keys go only with signing on (``replay_keep_ms``): nothing
-    else reads them, and two keys fewer cost every wake-up less."""
+    """The commands of one fetch, sent in one trip by either face (``verb`` names the scripts
+    by ``shas``: FCALL or EVALSHA): the deferred ``settle`` ops (settle.lua, ``shas[0]``),
+    then, when ``block_ms``, the blocking read of ``group``'s doorbell after ``bell_seen``
+    (XREAD BLOCK: it returns when a message for the agent is rung, or at the timeout), then
+    wake.lua (``shas[1]``), which hands ``consumer`` what the bell names. Redis runs a
+    pipeline's commands in order, so wake.lua runs the moment the read returns. The replay
+    check's two keys go only with signing on (``replay_keep_ms``): nothing else reads them,
+    and two keys fewer cost every wake-up less."""
     commands: list[tuple[Any, ...]] = []
     if settle:
         sk = keys.settle
-        commands.append(("EVALSHA", shas[0], len(sk), *sk, group, *settle))
+        commands.append((verb, shas[0], len(sk), *sk, group, *settle))
     if block_ms is not None:
         bell = keys.bell(group)
         commands.append(("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", bell, bell_seen))
     wk = keys.wake(group, bool(replay_keep_ms))
-    commands.append(("EVALSHA", shas[1], len(wk), *wk, group, consumer, replay_keep_ms))
+    commands.append((verb, shas[1], len(wk), *wk, group, consumer, replay_keep_ms))
     return commands
 
 

@@ -60,4 +60,13 @@ def _reply_error(message: str) -> rx.ResponseError:
     """An error reply as the exception redis-py would raise for it: the hiredis reader hands
     it over instead of raising, and a lane's ``run`` keeps it in its slot."""
     err: rx.ResponseError = _ERROR_PARSER.parse_error(message)
+    return gone(err)
+
+
+def gone(err: rx.ResponseError) -> rx.ResponseError:
+    """An FCALL of a function the server does not have (a restart without persistence, a
+    failover to a node that never had it, FUNCTION FLUSH) as what EVALSHA's NOSCRIPT is: load
+    the scripts again and repeat."""
+    if str(err).startswith("Function not found"):
+        return rx.NoScriptError(str(err))
     return err

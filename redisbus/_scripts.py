@@ -1,4 +1,6 @@
-"""The Lua scripts of ``redisbus/lua``, read once per process (the faces load them with EVALSHA).
+"""The Lua scripts of ``redisbus/lua``, read once per process, and the two ways a server runs
+them: a Redis Functions library (FUNCTION LOAD once, FCALL per call) where the server has
+Functions (Redis 7+, Valkey), and each script on its own (SCRIPT LOAD, EVALSHA) where it has not.
 
 A script cannot call another, so the helpers several scripts share are written once, in the
 library files of ``lua/`` (those whose name starts with ``_``: ``_prelude.lua``, then the
@@ -13,6 +15,7 @@ the script it is loaded with), and calls only helpers that come before it.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 from importlib import resources
@@ -75,3 +78,37 @@ def source(name: str) -> str:
                 needed.add(helper)
                 todo.append(body)
     return "".join(body for helper, body in shared.items() if helper in needed) + script
+
+
+def scripts() -> tuple[str, ...]:
+    """The names of the scripts (the files of ``lua/`` that are not libraries), sorted."""
+    files = [p.name for p in _dir().iterdir()]
+    return tuple(sorted(n[:-4] for n in files if n.endswith(".lua") and not n.startswith("_")))
+
+
+@cache
+def library() -> tuple[str, str]:
+    """The Redis Functions library of every script: its name and its code. The helpers are
+    defined once, when the server loads the library, not on every call as in a script run on
+    its own; each script is a function of it, ``function_name(script)``. The name carries a
+    digest of the code, so two versions of redisbus on one server each load their own (a
+    function's name is global on a server) and a server never runs a stale one."""
+    bodies = [(n, _read(n)) for n in scripts()]
+    shared = "".join(helpers().values())
+    digest = hashlib.sha1((shared + "".join(b for _, b in bodies)).encode()).hexdigest()[:12]
+    name = f"redisbus_{digest}"
+    parts = [f"#!lua name={name}\n\n", shared]
+    for script, body in bodies:
+        parts.append(f"local function {script}_script(KEYS, ARGV)\n{body}end\n\n")
+        fn = _function(digest, script)
+        parts.append(f"redis.register_function('{fn}', {script}_script)\n\n")
+    return name, "".join(parts)
+
+
+def _function(digest: str, script: str) -> str:
+    return f"rb_{digest}_{script}"
+
+
+def function_name(script: str) -> str:
+    """The name of ``script``'s function in :func:`library`."""
+    return _function(library()[0].removeprefix("redisbus_"), script)

@@ -75,6 +75,11 @@ class BusSettings(BaseSettings):
         default=5.0, le=MAX_DURATION_S, description="connecting to Redis"
     )
     retry_attempts: int = Field(default=5, ge=0, description="retries on connection errors")
+    functions: bool = Field(
+        default=True,
+        description="run the scripts as a Redis Functions library (FUNCTION LOAD once, FCALL) "
+        "where the server has Functions and the user may load them; False: EVALSHA only",
+    )
     ssl_ca_certs: str | None = Field(default=None, description="CA bundle for rediss://")
     ssl_certfile: str | None = Field(default=None, description="client certificate (mutual TLS)")
     ssl_keyfile: str | None = Field(default=None, description="client certificate's key")

@@ -38,8 +38,10 @@ FakeServer = fakeredis.FakeServer
 
 
 def _settings(settings: BusSettings | None, **overrides: Any) -> BusSettings:
+    # the scripts run one by one (EVALSHA): fakeredis's Functions lack the Lua libraries
+    # (cmsgpack) that Redis gives a library
     base = settings or BusSettings(metrics=False)
-    return base.model_copy(update={"url": "memory://", **overrides})
+    return base.model_copy(update={"url": "memory://", "functions": False, **overrides})
 
 
 def memory_bus(

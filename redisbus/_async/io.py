@@ -1,5 +1,5 @@
-"""The Redis boundary: one client, the script SHAs, retries, the wrapping of Redis errors and
-the routing of Cluster calls to their node.
+"""The Redis boundary: one client, how it names the scripts (a Functions library, or SHAs),
+retries, the wrapping of Redis errors and the routing of Cluster calls to their node.
 
 Written once, in ``_async/io.py``, for both faces (``_sync/io.py`` is generated from it).
 Where the faces differ, in the lanes the round trips ride on and in how they sleep, each has a
@@ -18,7 +18,8 @@ from redis import exceptions as rx
 from .._errors import BusClosed, BusConnectionError, RedisbusError
 from .._keys import ChannelKeys
 from .._redis import backoff_s, classify, fetch_commands, fetch_result, stream_entries
-from .._scripts import source
+from .._resp import gone
+from .._scripts import function_name, library, source
 from .._settings import BusSettings
 from .._transport_async import Transport, Trip, node_client, sleep, slot_table
 
@@ -30,13 +31,18 @@ Command = tuple[Any, ...]
 
 
 class IO:
-    """One Redis client, the script SHAs, and the retry/wrap boundary."""
+    """One Redis client, how it names the scripts, and the retry/wrap boundary."""
 
     def __init__(self, client: Any, settings: BusSettings, cluster: bool) -> None:
         self.r = client
         self.settings = settings
         self.cluster = cluster
+        # script name -> what a call names after `verb`: its function in the library
+        # ("FCALL"), or its SHA ("EVALSHA") where the server has no Functions (Redis 6.2, the
+        # test double) or the bus's user may not load them (FUNCTION LOAD refused)
         self.sha: dict[str, str] = {}
+        self.verb = "EVALSHA"
+        self.library: bool | None = None if settings.functions else False
         self.transport = Transport(client)
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
@@ -52,10 +58,47 @@ class IO:
             raise BusClosed("this bus is closed; make a new one to keep talking to Redis")
 
     async def load(self, name: str) -> str:
-        sha = self.sha.get(name)
-        if sha is None:
-            sha = self.sha[name] = await self.call(self.r.script_load, source(name))
-        return sha
+        """What a call of script ``name`` names after ``verb``, loading it first: the library,
+        once per server (then every script is a function of it), else the script's SHA."""
+        got = self.sha.get(name)
+        if got is None:
+            if self.library is None:
+                self.library = await self._load_library()
+                self.verb = "FCALL" if self.library else "EVALSHA"
+            if self.library:
+                got = function_name(name)
+            else:
+                got = await self.call(self.r.script_load, source(name))
+            self.sha[name] = got
+        return got
+
+    async def _load_library(self) -> bool:
+        """FUNCTION LOAD the scripts' library; False where the server refuses it (no Functions:
+        an unknown command; an ACL user without the right: NOPERM), so the scripts run by
+        EVALSHA instead."""
+        try:
+            await self.call(self.r.execute_command, "FUNCTION", "LOAD", library()[1])
+        except RedisbusError as e:
+            cause = e.__cause__
+            if isinstance(cause, rx.ResponseError) and "already exists" in str(cause):
+                return True  # another client loaded it: its name is its code's digest
+            if isinstance(cause, rx.ResponseError):
+                return False
+            raise
+        return True
+
+    async def command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Command:
+        """The command of one call of script ``name``."""
+        handle = await self.load(name)
+        return (self.verb, handle, len(keys), *keys, *args)
+
+    def forget(self) -> None:
+        """The server lost the scripts (NOSCRIPT, or no such function: a restart without
+        persistence, a failover to a node that never had them, SCRIPT or FUNCTION FLUSH):
+        load them again before the next call."""
+        self.sha.clear()
+        if self.library:
+            self.library = None
 
     async def close(self) -> None:
         self.closed = True
@@ -85,7 +128,7 @@ class IO:
         the redisbus error for ``e`` (for a lost script cache, once the SHAs are forgotten)."""
         action, err = classify(e)
         if action == "reload":
-            self.sha.clear()
+            self.forget()
         elif action == "retry" and retry and attempt < self.settings.retry_attempts:
             self.retries += 1
             await sleep(backoff_s(attempt))
@@ -100,7 +143,7 @@ class IO:
             return await self._routed(
                 keys[0], lambda io: io.script(name, keys, args, retry=retry), retry=retry
             )
-        command = ("EVALSHA", await self.load(name), len(keys), *keys, *args)
+        command = await self.command(name, keys, args)
         return (await self._scripted("call", [command], [name], retry))[0]
 
     async def scripts(self, calls: Sequence[Call]) -> builtins.list[Any]:
@@ -108,7 +151,7 @@ class IO:
         bookkeeping: mark_done(), read marks and the like)."""
         if self.cluster:
             return await self._by_node(calls, lambda io, part: io.scripts(part))
-        commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
+        commands = [await self.command(n, k, a) for n, k, a in calls]
         return await self._scripted("call", commands, [n for n, _, _ in calls])
 
     async def replicate(self, key: str, replicas: int, timeout_s: float) -> bool:
@@ -168,7 +211,7 @@ class IO:
         scripts = ["settle", "wake"] if settle else ["wake"]
         shas = (await self.load("settle") if settle else "", await self.load("wake"))
         commands = fetch_commands(
-            shas, keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
+            self.verb, shas, keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
         )
         out = await self._scripted("fetch", commands, scripts)
         return fetch_result(out, block_ms is not None)
@@ -187,7 +230,7 @@ class IO:
                     except RedisbusError as e:
                         out[i] = e
             return out
-        commands = [("EVALSHA", await self.load(n), len(k), *k, *a) for n, k, a in calls]
+        commands = [await self.command(n, k, a) for n, k, a in calls]
         try:
             raw = await self._trip("send", commands, raw=True)
         except (rx.RedisError, rx.RedisClusterException, OSError) as e:
@@ -195,7 +238,7 @@ class IO:
         out = []
         for (n, k, a), r in zip(calls, raw, strict=True):
             if isinstance(r, rx.NoScriptError):
-                self.sha.clear()
+                self.forget()
                 try:
                     r = await self.script(n, k, a, retry=False)
                 except RedisbusError as e:
@@ -216,9 +259,10 @@ class IO:
         retry: bool = True,
     ) -> builtins.list[Any]:
         """``commands``, with EVALSHAs of the ``scripts``, in one round trip (``_trip``),
-        repeated as ``call`` repeats. When the server lost its script cache (NOSCRIPT: a
-        restart, a failover, SCRIPT FLUSH) the scripts are loaded again and the commands sent
-        again as they are (a SHA is its script's digest), three tries in all."""
+        repeated as ``call`` repeats. When the server lost the scripts (NOSCRIPT, or no such
+        function: a restart, a failover, a flush) they are loaded again and the commands sent
+        again as they are (a SHA, a function's name: both are their code's digest), three
+        tries in all."""
         self.check_open()
         attempt = tries = 0
         while True:
@@ -228,7 +272,7 @@ class IO:
                 tries += 1
                 if tries == 3:
                     raise RedisbusError(f"could not load {', '.join(scripts)}") from e
-                self.sha.clear()
+                self.forget()
                 for name in scripts:
                     await self.load(name)
             except (rx.RedisError, rx.RedisClusterException, OSError) as e:
@@ -247,7 +291,10 @@ class IO:
             pipe = self.r.pipeline(transaction=False)
             for c in commands:
                 pipe.execute_command(*c)
-            out = await pipe.execute(raise_on_error=False)
+            out = [
+                gone(r) if isinstance(r, rx.ResponseError) else r
+                for r in await pipe.execute(raise_on_error=False)
+            ]
         else:
             try:
                 out = await lane.run(commands)
@@ -257,7 +304,7 @@ class IO:
             for reply in out:
                 if isinstance(reply, rx.ResponseError):
                     raise reply
-        return out  # type: ignore[no-any-return]
+        return out
 
     # -- Cluster ----------------------------------------------------------------------------
     async def _node(self, key: str) -> IO:

@@ -1,6 +1,6 @@
 # Generated from redisbus/_async/io.py by scripts/unasync.py: do not edit.
-"""The Redis boundary: one client, the script SHAs, retries, the wrapping of Redis errors and
-the routing of Cluster calls to their node.
+"""The Redis boundary: one client, how it names the scripts (a Functions library, or SHAs),
+retries, the wrapping of Redis errors and the routing of Cluster calls to their node.
 
 Written once, in ``_async/io.py``, for both faces (``_sync/io.py`` is generated from it).
 Where the faces differ, in the lanes the round trips ride on and in how they sleep, each has a
@@ -19,7 +19,8 @@ from redis import exceptions as rx
 from .._errors import BusClosed, BusConnectionError, RedisbusError
 from .._keys import ChannelKeys
 from .._redis import backoff_s, classify, fetch_commands, fetch_result, stream_entries
-from .._scripts import source
+from .._resp import gone
+from .._scripts import function_name, library, source
 from .._settings import BusSettings
 from .._transport_sync import Transport, Trip, node_client, sleep, slot_table
 
@@ -31,13 +32,18 @@ Command = tuple[Any, ...]
 
 
 class IO:
-    """One Redis client, the script SHAs, and the retry/wrap boundary."""
+    """One Redis client, how it names the scripts, and the retry/wrap boundary."""
 
     def __init__(self, client: Any, settings: BusSettings, cluster: bool) -> None:
         self.r = client
         self.settings = settings
         self.cluster = cluster
+        # script name -> what a call names after `verb`: its function in the library
+        # ("FCALL"), or its SHA ("EVALSHA") where the server has no Functions (Redis 6.2, the
+        # test double) or the bus's user may not load them (FUNCTION LOAD refused)
         self.sha: dict[str, str] = {}
+        self.verb = "EVALSHA"
+        self.library: bool | None = None if settings.functions else False
         self.transport = Transport(client)
         # Bumped on every retry: a retried fetch may have delivered entries whose reply was
         # lost, so the agents re-read their own pending entries (see Agent._fetch).
@@ -53,10 +59,47 @@ class IO:
             raise BusClosed("this bus is closed; make a new one to keep talking to Redis")
 
     def load(self, name: str) -> str:
-        sha = self.sha.get(name)
-        if sha is None:
-            sha = self.sha[name] = self.call(self.r.script_load, source(name))
-        return sha
+        """What a call of script ``name`` names after ``verb``, loading it first: the library,
+        once per server (then every script is a function of it), else the script's SHA."""
+        got = self.sha.get(name)
+        if got is None:
+            if self.library is None:
+                self.library = self._load_library()
+                self.verb = "FCALL" if self.library else "EVALSHA"
+            if self.library:
+                got = function_name(name)
+            else:
+                got = self.call(self.r.script_load, source(name))
+            self.sha[name] = got
+        return got
+
+    def _load_library(self) -> bool:
+        """FUNCTION LOAD the scripts' library; False where the server refuses it (no Functions:
+        an unknown command; an ACL user without the right: NOPERM), so the scripts run by
+        EVALSHA instead."""
+        try:
+            self.call(self.r.execute_command, "FUNCTION", "LOAD", library()[1])
+        except RedisbusError as e:
+            cause = e.__cause__
+            if isinstance(cause, rx.ResponseError) and "already exists" in str(cause):
+                return True  # another client loaded it: its name is its code's digest
+            if isinstance(cause, rx.ResponseError):
+                return False
+            raise
+        return True
+
+    def command(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Command:
+        """The command of one call of script ``name``."""
+        handle = self.load(name)
+        return (self.verb, handle, len(keys), *keys, *args)
+
+    def forget(self) -> None:
+        """The server lost the scripts (NOSCRIPT, or no such function: a restart without
+        persistence, a failover to a node that never had them, SCRIPT or FUNCTION FLUSH):
+        load them again before the next call."""
+        self.sha.clear()
+        if self.library:
+            self.library = None
 
     def close(self) -> None:
         self.closed = True
@@ -86,7 +129,7 @@ class IO:
         the redisbus error for ``e`` (for a lost script cache, once the SHAs are forgotten)."""
         action, err = classify(e)
         if action == "reload":
-            self.sha.clear()
+            self.forget()
         elif action == "retry" and retry and attempt < self.settings.retry_attempts:
             self.retries += 1
             sleep(backoff_s(attempt))
@@ -101,7 +144,7 @@ class IO:
             return self._routed(
                 keys[0], lambda io: io.script(name, keys, args, retry=retry), retry=retry
             )
-        command = ("EVALSHA", self.load(name), len(keys), *keys, *args)
+        command = self.command(name, keys, args)
         return (self._scripted("call", [command], [name], retry))[0]
 
     def scripts(self, calls: Sequence[Call]) -> builtins.list[Any]:
@@ -109,7 +152,7 @@ class IO:
         bookkeeping: mark_done(), read marks and the like)."""
         if self.cluster:
             return self._by_node(calls, lambda io, part: io.scripts(part))
-        commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
+        commands = [self.command(n, k, a) for n, k, a in calls]
         return self._scripted("call", commands, [n for n, _, _ in calls])
 
     def replicate(self, key: str, replicas: int, timeout_s: float) -> bool:
@@ -169,7 +212,7 @@ class IO:
         scripts = ["settle", "wake"] if settle else ["wake"]
         shas = (self.load("settle") if settle else "", self.load("wake"))
         commands = fetch_commands(
-            shas, keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
+            self.verb, shas, keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
         )
         out = self._scripted("fetch", commands, scripts)
         return fetch_result(out, block_ms is not None)
@@ -188,7 +231,7 @@ class IO:
                     except RedisbusError as e:
                         out[i] = e
             return out
-        commands = [("EVALSHA", self.load(n), len(k), *k, *a) for n, k, a in calls]
+        commands = [self.command(n, k, a) for n, k, a in calls]
         try:
             raw = self._trip("send", commands, raw=True)
         except (rx.RedisError, rx.RedisClusterException, OSError) as e:
@@ -196,7 +239,7 @@ class IO:
         out = []
         for (n, k, a), r in zip(calls, raw, strict=True):
             if isinstance(r, rx.NoScriptError):
-                self.sha.clear()
+                self.forget()
                 try:
                     r = self.script(n, k, a, retry=False)
                 except RedisbusError as e:
@@ -217,9 +260,10 @@ class IO:
         retry: bool = True,
     ) -> builtins.list[Any]:
         """``commands``, with EVALSHAs of the ``scripts``, in one round trip (``_trip``),
-        repeated as ``call`` repeats. When the server lost its script cache (NOSCRIPT: a
-        restart, a failover, SCRIPT FLUSH) the scripts are loaded again and the commands sent
-        again as they are (a SHA is its script's digest), three tries in all."""
+        repeated as ``call`` repeats. When the server lost the scripts (NOSCRIPT, or no such
+        function: a restart, a failover, a flush) they are loaded again and the commands sent
+        again as they are (a SHA, a function's name: both are their code's digest), three
+        tries in all."""
         self.check_open()
         attempt = tries = 0
         while True:
@@ -229,7 +273,7 @@ class IO:
                 tries += 1
                 if tries == 3:
                     raise RedisbusError(f"could not load {', '.join(scripts)}") from e
-                self.sha.clear()
+                self.forget()
                 for name in scripts:
                     self.load(name)
             except (rx.RedisError, rx.RedisClusterException, OSError) as e:
@@ -248,7 +292,10 @@ class IO:
             pipe = self.r.pipeline(transaction=False)
             for c in commands:
                 pipe.execute_command(*c)
-            out = pipe.execute(raise_on_error=False)
+            out = [
+                gone(r) if isinstance(r, rx.ResponseError) else r
+                for r in pipe.execute(raise_on_error=False)
+            ]
         else:
             try:
                 out = lane.run(commands)
@@ -258,7 +305,7 @@ class IO:
             for reply in out:
                 if isinstance(reply, rx.ResponseError):
                     raise reply
-        return out  # type: ignore[no-any-return]
+        return out
 
     # -- Cluster ----------------------------------------------------------------------------
     def _node(self, key: str) -> IO:

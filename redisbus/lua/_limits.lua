@@ -22,9 +22,11 @@ end
 
 -- "tokens now_ms": the value of a bucket left with `tokens` at `now_s` (the call's clock, as
 -- text). The same numbers recur across a broadcast's recipients (full buckets): each value is
--- made once per call.
-local bucket_values = {}
+-- made once per clock reading (a Functions library keeps this memo from call to call, so it
+-- starts again whenever the clock it was made for is not this call's).
+local bucket_values, bucket_values_at = {}, nil
 local function bucket_value(tokens, now_s)
+  if now_s ~= bucket_values_at then bucket_values, bucket_values_at = {}, now_s end
   local s = bucket_values[tokens]
   if not s then s = tokens .. ' ' .. now_s; bucket_values[tokens] = s end
   return s

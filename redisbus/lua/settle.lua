@@ -22,9 +22,11 @@
 -- round trip for bookkeeping.
 
 local stream, inbox, marks, status, agent = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
-local t = redis.call('TIME')
-local now_s = time_text(t) -- marks carry it as text
-local now = tonumber(now_s)
+local now_s = nil -- the clock, as text (marks carry it so), read by the first op that needs it
+local function clock_text()
+  if not now_s then now_s = time_text(redis.call('TIME')) end
+  return now_s
+end
 local changed = 0
 -- set when an entry was rejected: an entry a raw XADD wrote (an attack) was never counted in,
 -- so the count is kept, at the end, at least what the group still holds pending (repair.lua
@@ -36,17 +38,18 @@ for i = 2, #ARGV, 2 do
   if op == 'a' then
     changed = changed + redis.call('XACK', stream, agent, id)
   elseif op == 'r' then
-    changed = changed + (soft('HSETNX', marks, id .. '\n' .. agent, 'R' .. now_s) or 0)
+    changed = changed + (soft('HSETNX', marks, id .. '\n' .. agent, 'R' .. clock_text()) or 0)
   elseif op == 'x' or op == 'd' then
     if redis.call('XACK', stream, agent, id) == 1 then
       redis.call('HINCRBY', inbox, agent, -1)
-      local mark = 'X' .. now_s
-      if op == 'd' then mark = 'D' .. now_s .. ':' .. now_s .. ':' .. now_s .. ':' end
+      local t = clock_text()
+      local mark = 'X' .. t
+      if op == 'd' then mark = 'D' .. t .. ':' .. t .. ':' .. t .. ':' end
       redis.call('HSET', marks, id .. '\n' .. agent, mark)
       changed = changed + 1
     end
   elseif string.sub(op, 1, 2) == 'j:' then
-    local n = reject(stream, inbox, marks, agent, id, string.sub(op, 3), now_s)
+    local n = reject(stream, inbox, marks, agent, id, string.sub(op, 3), clock_text())
     changed, clamp = changed + n, clamp or n == 1
   elseif op == 's' then
     local s = redis.call('HGET', status, agent)

@@ -22,9 +22,9 @@
 -- its own bell (XREAD BLOCK: a read, so it works at maxmemory too) and then calls this, which
 -- takes up to 500 of the bell's entries (deleting them), claims the entries they name into the
 -- replica's pending list (XCLAIM ... FORCE: a group read is never made, so no other agent's
--- entry is handed over), and marks them read. When it empties the bell it moves the group's
--- cursor to the stream's end: every entry up to there addressed to the agent was rung, and
--- is taken now, so read()'s fetch (view.lua) starts there instead of walking others' entries.
+-- entry is handed over), and marks them read. The claim moves the group's cursor past them:
+-- every entry up to there addressed to the agent was rung and is taken now, so read()'s fetch
+-- (view.lua) starts there instead of walking the others' entries before it.
 --
 -- What a bell names is checked as a fetch's entries were: an entry the agent has a mark for
 -- (read and pending, or finished) was handed out before and is passed over; one not
@@ -72,10 +72,22 @@ local out = {t[1], t[2], false, false, {}}
 local handed = out[5]
 local replayed, clamp, got, recorded = nil, false, false, 0
 if fresh[1] then
+  -- claimed with the group's cursor moved past them (LASTID: it only ever moves forward), so
+  -- nothing is both pending and past the cursor (repair.lua counts those as not fetched yet)
+  local last = fresh[1]
+  for i = 2, #fresh do
+    if id_before(last, fresh[i]) then last = fresh[i] end
+  end
   local args = {'XCLAIM', stream, agent, consumer, 0}
   for i = 1, #fresh do args[#args + 1] = fresh[i] end
-  args[#args + 1], args[#args + 2], args[#args + 3] = 'RETRYCOUNT', 1, 'FORCE'
-  local claimed = redis.call(unpack(args)) -- (entries trimmed away since are left out)
+  local n = #args
+  args[n + 1], args[n + 2], args[n + 3], args[n + 4], args[n + 5] =
+    'RETRYCOUNT', 1, 'FORCE', 'LASTID', last
+  local claimed = redis.pcall(unpack(args)) -- (entries trimmed away since are left out)
+  if claimed.err then -- a server that knows no LASTID (the in-memory double): in two steps
+    claimed = redis.call(unpack(args, 1, n + 3))
+    redis.pcall('XGROUP', 'SETID', stream, agent, last)
+  end
   local me = '\n' .. agent .. '\n'
   local others, no, reads = {}, 0, {}
   for i = 1, #claimed do
@@ -110,10 +122,6 @@ if fresh[1] then
   end
   if no > 0 then redis.call('XACK', stream, agent, unpack(others, 1, no)) end
   if reads[1] then soft('HSET', marks, unpack(reads)) end
-  if nr < 500 then -- the bell is empty: the group's cursor to the stream's end
-    local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
-    if last then redis.pcall('XGROUP', 'SETID', stream, agent, last[1]) end
-  end
 end
 if keep > 0 then -- forget pairs older than KEEP_MS: as many as this call recorded, and
   -- 100 more, so the record keeps pace with the traffic (the janitor forgets the rest)
