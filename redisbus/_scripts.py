@@ -80,6 +80,15 @@ def source(name: str) -> str:
     return "".join(body for helper, body in shared.items() if helper in needed) + script
 
 
+#: The scripts that add data: at maxmemory (noeviction) their functions are refused before they
+#: run (a function without flags is), as their scripts' first write is under EVALSHA. Every
+#: other function carries the flag allow-oom, so draining (wait, read, mark_done, the janitor,
+#: a replica's join) goes on at maxmemory as it does by EVALSHA, where Redis refuses only the
+#: writes that may grow memory, and only before a script's first write (see soft() in
+#: lua/_prelude.lua; under allow-oom those small writes go through instead).
+ADDS_DATA = frozenset({"send", "replay", "channel", "configure"})
+
+
 def scripts() -> tuple[str, ...]:
     """The names of the scripts (the files of ``lua/`` that are not libraries), sorted."""
     files = [p.name for p in _dir().iterdir()]
@@ -101,7 +110,11 @@ def library() -> tuple[str, str]:
     for script, body in bodies:
         parts.append(f"local function {script}_script(KEYS, ARGV)\n{body}end\n\n")
         fn = _function(digest, script)
-        parts.append(f"redis.register_function('{fn}', {script}_script)\n\n")
+        flags = "" if script in ADDS_DATA else ", flags = {'allow-oom'}"
+        parts.append(
+            f"redis.register_function{{function_name = '{fn}', callback = {script}_script{flags}}}"
+            "\n\n"
+        )
     return name, "".join(parts)
 
 

@@ -81,11 +81,13 @@ if fresh[1] then
   local args = {'XCLAIM', stream, agent, consumer, 0}
   for i = 1, #fresh do args[#args + 1] = fresh[i] end
   local n = #args
-  args[n + 1], args[n + 2], args[n + 3], args[n + 4], args[n + 5] =
-    'RETRYCOUNT', 1, 'FORCE', 'LASTID', last
-  local claimed = redis.pcall(unpack(args)) -- (entries trimmed away since are left out)
-  if claimed.err then -- a server that knows no LASTID (the in-memory double): in two steps
-    claimed = redis.call(unpack(args, 1, n + 3))
+  args[n + 1], args[n + 2], args[n + 3] = 'RETRYCOUNT', 1, 'FORCE'
+  local claimed -- (entries trimmed away since are left out)
+  if redis.REDIS_VERSION then -- Redis 7+, Valkey: in the claim
+    args[n + 4], args[n + 5] = 'LASTID', last
+    claimed = redis.call(unpack(args))
+  else -- Redis 6.2, the in-memory double (which takes LASTID for an entry id): in two steps
+    claimed = redis.call(unpack(args))
     redis.pcall('XGROUP', 'SETID', stream, agent, last)
   end
   local me = '\n' .. agent .. '\n'

@@ -127,4 +127,4 @@ def test_the_library_names_carry_the_code_digest() -> None:
     digest = name.removeprefix("redisbus_")
     assert len(digest) == 12 and code.startswith(f"#!lua name={name}\n")
     assert function_name("send") == f"rb_{digest}_send"
-    assert all(f"redis.register_function('{function_name(s)}'" in code for s in scripts())
+    assert all(f"function_name = '{function_name(s)}'" in code for s in scripts())
