@@ -51,6 +51,7 @@ def test_a_server_with_functions_runs_the_library(srv: str, request: pytest.Fixt
     server: Server = request.getfixturevalue(srv)
     r = server.client()
     r.execute_command("FUNCTION", "FLUSH")
+    r.config_resetstat()
     with Bus.from_url(server.url, settings=settings(functions=True)) as bus:
         # when: a message lives its life
         _cycle(bus, f"fn-{srv}")
