@@ -237,15 +237,21 @@ def _cluster(out: str, tmp: str, shards: int) -> Iterator[list[tuple[int, int]]]
 
 
 def _fleet_run(
-    url: str, cluster: bool, pids: list[int], out: str, channels: int, cycles: int
+    url: str,
+    cluster: bool,
+    pids: list[int],
+    out: str,
+    channels: int,
+    cycles: int,
+    dumps: dict[int, int],
 ) -> dict[str, float]:
     """The fleet's counted cycles on one topology: instructions per message, in all and on
-    the busiest server, less what the servers run idle over as long."""
+    the busiest server, less what the servers run idle over as long (``dumps``: the servers'
+    dump numbers so far, see :func:`_count_all`)."""
     from bench.scale_load import QUIET, turn
     from redisbus import Bus, BusSettings
 
     quiet = BusSettings(**QUIET)
-    dumps: dict[int, int] = {}
     with Bus.from_url(url, cluster=cluster, settings=quiet) as bus:
         fleet = []
         for c in range(channels):
@@ -275,7 +281,7 @@ def _fleet_run(
 
 
 def _raw_fleet_run(
-    url: str, pids: list[int], out: str, channels: int, cycles: int
+    url: str, pids: list[int], out: str, channels: int, cycles: int, dumps: dict[int, int]
 ) -> dict[str, float]:
     """The fleet's walk on raw Streams, counted as :func:`_fleet_run` counts it: per message
     an ``XADD`` to the recipient's stream, an ``XREADGROUP`` of it and an ``XACK``."""
@@ -297,7 +303,6 @@ def _raw_fleet_run(
     warm = channels * AGENTS
     for i in range(warm):
         step(i)
-    dumps: dict[int, int] = {}
     t0 = time.perf_counter()
 
     def load() -> None:
@@ -322,13 +327,16 @@ def fleet(
         cg = os.path.join(tmp, "cg")
         with _server(cg) as (port, pid):
             url = f"redis://127.0.0.1:{port}/0"
-            out["one server"] = _fleet_run(url, False, [pid], cg, channels, cycles)
-            out["raw Streams, one server"] = _raw_fleet_run(url, [pid], cg, channels, cycles)
+            dumps: dict[int, int] = {}
+            out["one server"] = _fleet_run(url, False, [pid], cg, channels, cycles, dumps)
+            out["raw Streams, one server"] = _raw_fleet_run(url, [pid], cg, channels, cycles, dumps)
         for shards in clusters:
             with _cluster(cg, os.path.join(tmp, f"c{shards}"), shards) as nodes:
                 url = f"redis://127.0.0.1:{nodes[0][0]}/0"
                 pids = [pid for _, pid in nodes]
-                out[f"{shards}-shard Cluster"] = _fleet_run(url, True, pids, cg, channels, cycles)
+                out[f"{shards}-shard Cluster"] = _fleet_run(
+                    url, True, pids, cg, channels, cycles, {}
+                )
     return out
 
 
