@@ -115,7 +115,9 @@ class LoadRun:
     sent: Counter[str]
     round_trips: int
     cycle_p50_us: float
-    #: per shard (in slot order): channels, messages (XADDs), data commands, execution µs of
+    #: per shard (in slot order): channels, messages (XACKs: each message's mark_done acknowledges
+    #: it once; a send writes two entries, the message and its recipient's doorbell), data
+    #: commands, execution µs of
     #: the top-level commands, main-thread CPU s; replicas: execution µs and CPU s
     shard_channels: list[int] = field(default_factory=list)
     shard_messages: list[int] = field(default_factory=list)
@@ -250,7 +252,7 @@ def fill_shards(
     run.shard_channels = [counts.get(i, 0) for i in range(len(topo.primaries))]
     for port in topo.primaries:
         nd = d[port]
-        run.shard_messages.append(nd.calls.get("XADD", 0))
+        run.shard_messages.append(nd.calls.get("XACK", 0))
         run.shard_commands.append(nd.commands)
         run.shard_usec.append(nd.usec_of(run.sent))
         run.shard_cpu_s.append(max(0.0, nd.cpu_s - idle_rate[port] * run.wall_s))

@@ -274,8 +274,10 @@ def footprint(
         time.sleep(beat_window_s)
         d = deltas(before, snapshot(topo))
         window = time.perf_counter() - t0
-        beats = sum(d[p].calls.get("EVALSHA", 0) for p in topo.primaries)
-        beat_us = sum(d[p].usec.get("EVALSHA", 0) for p in topo.primaries) / max(beats, 1)
+        # (a script call is an FCALL where the server has Functions, else an EVALSHA)
+        beats = sum(d[p].calls.get(v, 0) for p in topo.primaries for v in ("FCALL", "EVALSHA"))
+        usec = sum(d[p].usec.get(v, 0) for p in topo.primaries for v in ("FCALL", "EVALSHA"))
+        beat_us = usec / max(beats, 1)
         beat_cpu = sum(d[p].cpu_s for p in topo.primaries) - idle_rate * window
         beat_cpu = max(0.0, beat_cpu) * 1e6 / max(beats, 1)
         idle_keys = _key_bytes(topo, chans[0].name)
