@@ -86,9 +86,11 @@ class Channel:
         except BaseException:
             give_back_consumer(self.bus, k.stream, agent, rep)
             raise
-        _, agent_id, depth, parent_name, _status, _created = reply
+        _, agent_id, depth, parent_name, _status, created = reply
         handle = Agent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
         handle.slots = slots
+        # a member this join made has a group younger than any bell: nothing to fetch first
+        handle._pulled = int(created) == 1
         self.bus._heart.add(handle)
         return handle
 

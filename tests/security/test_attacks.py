@@ -135,11 +135,10 @@ def test_a_forged_entry_without_a_key_is_refused(env: Env) -> None:
     reader, writer = ch.join("a-reader"), ch.join("a-writer")
     before = snapshot(env.raw, ch)
     unsigned = str(forge(env.raw, ch, {"f": "a-writer", "t": "a-reader", "b": "pay"}))
-    fake = str(
-        env.raw.xadd(
-            ch.keys.stream,
-            {"f": "a-writer", "t": "a-reader", "b": "pay", "g": "host-a:ab:00:one:a-reader"},
-        )
+    fake = forge(
+        env.raw,
+        ch,
+        {"f": "a-writer", "t": "a-reader", "b": "pay", "g": "host-a:ab:00:one:a-reader"},
     )
     assert reader.wait(timeout=0.5).kind == "timeout"
     writer.send("a-reader", "genuine")

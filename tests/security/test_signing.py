@@ -24,11 +24,15 @@ def bus_with(server: Server, keys: dict[str, str], unsigned: str = "reject", **k
 
 
 def forge(server: Server, ch: Any, sender: str, to: str, body: str, sig: str = "") -> str:
-    """A client without the key writes straight into the stream, claiming to be `sender`."""
+    """A client without the key writes straight into the stream, claiming to be `sender`, and
+    rings the recipient's doorbell (a wait hands over only what a bell names)."""
     fields: dict[FieldT, EncodableT] = {"f": sender, "t": to, "b": body}
     if sig:
         fields.update({"g": sig, "n": "1"})
-    return str(server.client().xadd(ch.keys.stream, fields))
+    r = server.client()
+    entry_id = str(r.xadd(ch.keys.stream, fields))
+    r.xadd(ch.keys.bell(to), {"i": entry_id})
+    return entry_id
 
 
 def test_a_raw_xadd_without_the_key_is_rejected_on_read(redis7: Server) -> None:
