@@ -80,6 +80,27 @@ async def _until(finished: asyncio.Event, consumers: list[Any]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+class Tally:
+    """What the consumers of one measure share: how many have started (``armed`` once all
+    have), how many messages are done (``end()`` and ``finished`` at the ``n``-th)."""
+
+    def __init__(self, consumers: int, n: int, armed: asyncio.Event, end: Any) -> None:
+        self.consumers, self.n, self.armed, self.end = consumers, n, armed, end
+        self.started = self.done = 0
+        self.finished = asyncio.Event()
+
+    def start(self) -> None:
+        self.started += 1
+        if self.started == self.consumers:
+            self.armed.set()
+
+    def add(self, k: int) -> None:
+        self.done += k
+        if self.done >= self.n and not self.finished.is_set():
+            self.end()
+            self.finished.set()
+
+
 # --- raw redis-py: one stream per consumer -----------------------------------------------------
 
 
@@ -106,27 +127,19 @@ def raw_fanin(ctx: Ctx, members: int = 100) -> Metrics:
 
     async def consume(armed: asyncio.Event, end: Any) -> None:
         r = aredis.Redis.from_url(ctx.url)
-        done = 0
-        finished = asyncio.Event()
-        started = 0
+        tally = Tally(members, n, armed, end)
 
         async def consumer(stream: str) -> None:
-            nonlocal done, started
-            started += 1
-            if started == members:
-                armed.set()
-            while not finished.is_set():
+            tally.start()
+            while not tally.finished.is_set():
                 got: Any = await r.xreadgroup(GROUP, "c", {stream: ">"}, count=100, block=30_000)
                 if got:
                     ids = [e[0] for e in got[0][1]]
                     await r.xack(stream, GROUP, *ids)
-                    done += len(ids)
-                    if done >= n and not finished.is_set():
-                        end()
-                        finished.set()
+                    tally.add(len(ids))
 
         try:
-            await _until(finished, [consumer(s) for s in streams])
+            await _until(tally.finished, [consumer(s) for s in streams])
         finally:
             await r.aclose()
 
@@ -175,17 +188,12 @@ def _raw_shared(ctx: Ctx, members: int, ring: bool) -> Metrics:
 
     async def consume(armed: asyncio.Event, end: Any) -> None:
         r = aredis.Redis.from_url(ctx.url)
-        done = 0
-        finished = asyncio.Event()
-        started = 0
+        tally = Tally(members, n, armed, end)
 
         async def consumer(w: str) -> None:
-            nonlocal done, started
-            started += 1
-            if started == members:
-                armed.set()
+            tally.start()
             seen = "0-0"
-            while not finished.is_set():
+            while not tally.finished.is_set():
                 if ring:
                     rung: Any = await r.xread({f"{stream}:bell:{w}": seen}, count=1, block=30_000)
                     if not rung:
@@ -197,13 +205,10 @@ def _raw_shared(ctx: Ctx, members: int, ring: bool) -> Metrics:
                 if got:
                     entries = got[0][1]
                     await r.xack(stream, w, *[e[0] for e in entries])
-                    done += sum(1 for e in entries if e[1][b"to"] == w.encode())
-                    if done >= n and not finished.is_set():
-                        end()
-                        finished.set()
+                    tally.add(sum(1 for e in entries if e[1][b"to"] == w.encode()))
 
         try:
-            await _until(finished, [consumer(w) for w in names])
+            await _until(tally.finished, [consumer(w) for w in names])
         finally:
             await r.aclose()
 
@@ -261,25 +266,17 @@ def bus_fanin(ctx: Ctx, members: int = 100) -> Metrics:
             agents = [await ch.join(w) for w in names]
             for a in agents:  # past each handle's first look at its group
                 await a.wait(timeout=0)
-            done = 0
-            finished = asyncio.Event()
-            started = 0
+            tally = Tally(members, n, armed, end)
 
             async def consumer(a: Any) -> None:
-                nonlocal done, started
-                started += 1
-                if started == members:
-                    armed.set()
-                while not finished.is_set():
+                tally.start()
+                while not tally.finished.is_set():
                     got = await a.wait(timeout=30)
                     if got.messages:
                         await a.mark_done(got.messages)
-                        done += len(got.messages)
-                        if done >= n and not finished.is_set():
-                            end()
-                            finished.set()
+                        tally.add(len(got.messages))
 
-            await _until(finished, [consumer(a) for a in agents])
+            await _until(tally.finished, [consumer(a) for a in agents])
         finally:
             await bus.aclose()
 
