@@ -227,6 +227,7 @@ def _receive_from(proc: Any, ready: Any, go: Any, receiver: Any, n: int) -> list
 def _xadd_sender(
     url: str,
     stream: str,
+    bell: str,
     fields: dict[bytes, bytes],
     body_key: bytes,
     n: int,
@@ -245,14 +246,16 @@ def _xadd_sender(
     for deadline in paced(rate, n):
         sleep_until(deadline)
         entry[body_key] = body().encode()
-        r.xadd(stream, entry)  # type: ignore[arg-type]
+        entry_id = r.xadd(stream, entry)  # type: ignore[arg-type]
+        r.xadd(bell, {"i": entry_id})  # the recipient's doorbell (what send.lua rings)
     r.close()
 
 
 def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
     """:func:`bus_wait_wakeup` with the sender's ``send()`` replaced by a bare ``XADD`` of
-    the entry ``send()`` writes (its fields copied from one real send, the body restamped):
-    the receive side alone, the sender costing what raw Redis's does. No limit is checked and
+    the entry ``send()`` writes (its fields copied from one real send, the body restamped),
+    and one of the recipient's doorbell entry: the receive side alone, the sender costing
+    about what raw Redis's does. No limit is checked and
     the inbox count is not raised for these entries (``mark_done()`` counts it down all the
     same), which the wake-up path does not read."""
     n = wakeup_count(ctx)
@@ -274,9 +277,9 @@ def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
         body_key = next(k for k, v in fields.items() if v == b"template")
         spawn = mp.get_context("spawn")
         ready, go = spawn.Event(), spawn.Event()
-        proc = spawn.Process(
-            target=_xadd_sender, args=(ctx.url, stream, fields, body_key, n, rate, ready, go)
-        )
+        bell = receiver._keys.bell("receiver")
+        args = (ctx.url, stream, bell, fields, body_key, n, rate, ready, go)
+        proc = spawn.Process(target=_xadd_sender, args=args)
         lat = _receive_from(proc, ready, go, receiver, n)
     return wakeup_metrics(lat, n)
 
