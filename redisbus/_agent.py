@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
+from . import _bindings as bind
 from . import _core as core
 from . import _otel as otel
 from ._errors import InvalidInput
@@ -51,18 +52,8 @@ class AgentState:
         self.replica = replica
         self._bus = channel.bus
         self._keys = channel.keys
-        self._send_keys = [
-            channel.keys.stream,
-            channel.keys.meta,
-            channel.keys.parents,
-            channel.keys.status,
-            channel.keys.ids,
-            channel.keys.inbox,
-            channel.keys.rate,
-            channel.keys.idem,
-            channel.keys.limits,
-            channel.keys.bells,
-        ]
+        self._send_keys = bind.send_keys(channel.keys)
+        self._settle_keys = bind.SETTLE.keys_of(channel.keys)
         self._deferred: builtins.list[str] = []
         self._recovered = False
         self._pulled = False  # wait() fetched what no doorbell names (once per handle)
@@ -157,10 +148,10 @@ class AgentState:
     def _slice_s(self) -> float:
         return SHARED_SLICE_S if self._replicas > 1 else SLICE_S
 
-    def _settle_calls(self) -> builtins.list[tuple[str, builtins.list[str], builtins.list[str]]]:
+    def _settle_calls(self) -> builtins.list[bind.Call]:
         if not self._deferred:
             return []
-        return [("settle", self._keys.settle, [self.name, *self._deferred])]
+        return [bind.settle(self._settle_keys, self.name, self._deferred)]
 
     def _result(self, msgs: builtins.list[Message], *, running: bool = False) -> WaitResult:
         if not running:  # (a fetch's wake.lua already set it when it returned messages)

@@ -1,6 +1,7 @@
-"""Everything the sync and async faces share that does no I/O, under one name: the arguments
-each script takes and the parsing of what it returns. A face only decides *how* to wait on
-the network. The code lives in modules named for what they hold:
+"""Everything the sync and async faces share that does no I/O, under one name: checking and
+planning what a call sends, and the parsing of what comes back. A face only decides *how* to
+wait on the network. How each script is called (its KEYS, ARGV and reply) is in
+``_bindings``, one binding per script. The code lives in modules named for what they hold:
 
 - ``_channels``: channel configuration and limits, janitor and dead-letter reports
 - ``_sending``:  send and batch arguments, send replies and receipts, outcome signatures

@@ -81,35 +81,6 @@ class ChannelKeys:
         """The doorbell of ``agent``: what its waits block on (wake.lua)."""
         return self.bells + agent
 
-    def view(self, agent: str) -> list[str]:
-        """KEYS of view.lua for ``agent``."""
-        return [
-            self.stream,
-            self.inbox,
-            self.marks,
-            self.nonces,
-            self.nonce_at,
-            self.dlq,
-            self.rate,
-            self.meta,
-            self.bell(agent),
-        ]
-
-    @property
-    def settle(self) -> list[str]:
-        """KEYS of settle.lua."""
-        return [self.stream, self.inbox, self.marks, self.status]
-
-    @property
-    def outcome(self) -> list[str]:
-        """KEYS of outcome.lua."""
-        return [self.stream, self.parents, self.status, self.inbox, self.bells]
-
-    def wake(self, agent: str, signing: bool) -> list[str]:
-        """KEYS of wake.lua for ``agent``: the replay record only with signing on."""
-        keys = [self.stream, self.inbox, self.marks, self.status, self.bell(agent)]
-        return [*keys, self.nonces, self.nonce_at] if signing else keys
-
 
 def registry_key(prefix: str) -> str:
     return f"{prefix}:channels"

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlparse
 import redis
 from redis import exceptions as rx
 
+from . import _bindings as bind
 from ._errors import BusConnectionError, InvalidInput, RedisbusError, ServerFull, UnknownAgent
 from ._keys import ChannelKeys
 from ._settings import BusSettings
@@ -275,13 +276,15 @@ def fetch_commands(
     and two keys fewer cost every wake-up less."""
     commands: list[tuple[Any, ...]] = []
     if settle:
-        sk = keys.settle
-        commands.append((verb, shas[0], len(sk), *sk, group, *settle))
+        _, sk, sa = bind.settle(bind.SETTLE.keys_of(keys), group, settle)
+        commands.append((verb, shas[0], len(sk), *sk, *sa))
     if block_ms is not None:
         bell = keys.bell(group)
         commands.append(("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", bell, bell_seen))
-    wk = keys.wake(group, bool(replay_keep_ms))
-    commands.append((verb, shas[1], len(wk), *wk, group, consumer, replay_keep_ms))
+    _, wk, wa = bind.wake(
+        bind.wake_keys(keys, group, bool(replay_keep_ms)), group, consumer, replay_keep_ms
+    )
+    commands.append((verb, shas[1], len(wk), *wk, *wa))
     return commands
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from . import _bindings as bind
 from . import _validate as check
 from ._channels import fmt_number
 from ._entries import ttl_seconds
@@ -237,17 +238,12 @@ def batch_results(
 SEND_BATCH = 100
 
 
-def batch_calls(
-    keys: Sequence[str], plans: Sequence[SendPlan]
-) -> list[tuple[str, Sequence[str], list[str]]]:
+def batch_calls(keys: Sequence[str], plans: Sequence[SendPlan]) -> list[bind.Call]:
     """send.lua calls for ``plans``, up to SEND_BATCH messages each (argv concatenated)."""
-    calls: list[tuple[str, Sequence[str], list[str]]] = []
-    for i in range(0, len(plans), SEND_BATCH):
-        argv: list[str] = []
-        for p in plans[i : i + SEND_BATCH]:
-            argv += p.argv
-        calls.append(("send", keys, argv))
-    return calls
+    return [
+        bind.send(keys, [p.argv for p in plans[i : i + SEND_BATCH]])
+        for i in range(0, len(plans), SEND_BATCH)
+    ]
 
 
 def unbatch(plans: Sequence[SendPlan], replies: Sequence[Any]) -> list[Any]:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import _core as core
+from ._bindings import Call
 from ._outage import Outage
 from ._transport_async import sleep
 
@@ -114,13 +115,13 @@ class Coalescer:
         self.task: asyncio.Task[None] | None = None
         self.lone = False  # a lone send is in flight from its caller's task
 
-    async def send(self, keys: Sequence[str], argv: Sequence[Any], *, idempotent: bool) -> Any:
+    async def send(self, call: Call, *, idempotent: bool) -> Any:
         """One send.lua call: coalesced unless it is retried (an idempotency key) or on a
         Cluster, where it goes alone; retried only with an idempotency key, like the sync
         face (a send whose reply was lost may have been written)."""
         if not idempotent and not self.io.cluster:
-            return await self.script("send", keys, argv)
-        return await self.io.script("send", keys, argv, retry=idempotent)
+            return await self.script(*call)
+        return await self.io.script(*call, retry=idempotent)
 
     async def script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         loop = asyncio.get_running_loop()

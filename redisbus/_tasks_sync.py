@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._bindings import Call
 from ._outage import Outage
 from ._transport_sync import sleep
 
@@ -99,6 +100,6 @@ class Coalescer:
     def __init__(self, io: Any) -> None:
         self.io = io  # the bus's IO: ``_sync/io.py``, whose package imports this module
 
-    def send(self, keys: Sequence[str], argv: Sequence[Any], *, idempotent: bool) -> Any:
+    def send(self, call: Call, *, idempotent: bool) -> Any:
         """One send.lua call, retried only when it carries an idempotency key."""
-        return self.io.script("send", keys, argv, retry=idempotent)
+        return self.io.script(*call, retry=idempotent)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
+from .. import _bindings as bind
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
@@ -136,16 +137,15 @@ class AsyncBus:
         if not isinstance(create, bool):
             raise InvalidInput("create must be True or False")
         cname = check.channel_name(name)
-        argv = core.plan_channel(self.settings, routing, siblings, limits)
+        triples = core.plan_channel(self.settings, routing, siblings, limits)
         if not self._checked_eviction:
             self._checked_eviction = True
             await self._warn_if_evicting()
         keys = ChannelKeys.build(self.settings.prefix, cname)
-        mode = "create" if create else "attach"
-        reply = await self._io.script("channel", [keys.meta], [mode, *argv])
+        reply = await self._io.script(*bind.channel(keys, create, triples))
         if int(reply[0]) == -1:
             raise UnknownChannel(f"no such channel: {cname!r} (create it with bus.channel())")
-        created, cfg = core.parse_channel(cname, reply)
+        created, cfg = bind.channel_reply(cname, reply)
         if created:
             await self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)
         return AsyncChannel(self, keys, cfg)
@@ -202,11 +202,11 @@ class AsyncBus:
         lease_ms, period_ms = int(s.agent_lease_s * 1000), int(s.heartbeat_s * 1000)
         for agents in groups:
             k = next(iter(agents.values()))._keys
-            argv: builtins.list[Any] = [lease_ms, period_ms]
+            triples: builtins.list[str] = []
             for a in agents.values():
-                argv += [a.name, a.replica, a._want_status or ""]
+                triples += [a.name, a.replica, a._want_status or ""]
                 a._want_status = None
-            lost, mine = await io.script("beat", [k.beat, k.status], argv)
+            lost, mine = bind.beaten(await io.script(*bind.beat(k, lease_ms, period_ms, triples)))
             for a in agents.values():
                 a._heard(mine)
             for name in lost:
@@ -220,12 +220,7 @@ class AsyncBus:
                 except (ClockSkew, NotPermitted) as e:  # another host's beat declares it
                     log.warning("redisbus: cannot sign %s's loss here: %s", name, e)
                     continue
-                reply = await io.script(
-                    "outcome",
-                    k.outcome,
-                    ["lost", name, name, _LOST, *sigs],
-                )
-                core.raise_if_refused(reply)
+                bind.outcome_id(await io.script(*bind.outcome(k, "lost", name, name, _LOST, sigs)))
 
     async def _release(self, agents: builtins.list[AsyncAgent]) -> None:
         """Drop the heartbeat leases of these local replicas, which promise no more beats:

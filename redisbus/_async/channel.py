@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import builtins
-import dataclasses
-import json
 from collections.abc import Iterable
 from typing import Any, Unpack
 
+from .. import _bindings as bind
 from .. import _core as core
 from .. import _validate as check
 from .._agent import give_back_consumer, take_consumer
@@ -64,32 +63,17 @@ class AsyncChannel:
         # caller gives is taken as given: a stable name is the caller's promise, see
         # docs/delivery.md, and a restarted replica must find its pending entries under it)
         rep = take_consumer(self.bus, k.stream, agent, rep, exact=replica is not None)
-        argv = [
-            agent,
-            parent or "",
-            "1" if parent is not None else "0",
-            core.new_agent_id(),
-            rep,
-            s.host,
-            desc,
-            json.dumps(sk),
-            int(s.agent_lease_s * 1000),  # the heartbeat deadline, not a message's lease
-        ]
+        lease_ms = int(s.agent_lease_s * 1000)  # the heartbeat deadline, not a message's lease
+        call = bind.join(k, agent, parent, core.new_agent_id(), rep, s.host, desc, sk, lease_ms)
         try:
-            reply = await self.bus._io.script(
-                "join",
-                [k.stream, k.meta, k.members, k.parents, k.status, k.ids, k.inbox, k.beat],
-                argv,
-            )
-            core.raise_if_refused(reply)
+            joined = bind.joined(await self.bus._io.script(*call))
         except BaseException:
             give_back_consumer(self.bus, k.stream, agent, rep)
             raise
-        _, agent_id, depth, parent_name, _status, created = reply
-        handle = AsyncAgent(self, agent, str(agent_id), int(depth), parent_name or None, rep)
+        handle = AsyncAgent(self, agent, joined.id, joined.depth, joined.parent, rep)
         handle.slots = slots
         # a member this join made has a group younger than any bell: nothing to fetch first
-        handle._pulled = int(created) == 1
+        handle._pulled = joined.created
         self.bus._heart.add(handle)
         return handle
 
@@ -102,13 +86,7 @@ class AsyncChannel:
         name = check.name(agent, "agent")
         if not isinstance(force, bool):
             raise InvalidInput("force must be True or False")
-        k = self.keys
-        reply = await self.bus._io.script(
-            "remove",
-            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat, k.bell(name)],
-            [name, "1" if force else "0"],
-        )
-        core.raise_if_refused(reply)
+        core.raise_if_refused(await self.bus._io.script(*bind.remove(self.keys, name, force)))
 
     async def leave(self, agent: AsyncAgent) -> bool:
         """Undo the join that made ``agent`` (a handle of this channel), when nothing has
@@ -123,13 +101,8 @@ class AsyncChannel:
         if not isinstance(agent, AsyncAgent) or agent.channel.keys != self.keys:
             raise InvalidInput("leave takes a handle that this channel's join returned")
         await agent.close()  # no heartbeat may bring its lease back
-        k = self.keys
-        reply = await self.bus._io.script(
-            "leave",
-            [k.stream, k.members, k.parents, k.status, k.ids, k.inbox, k.beat, k.bell(agent.name)],
-            [agent.name, agent.id, agent.replica],
-        )
-        return int(reply[0]) == 1
+        call = bind.leave(self.keys, agent.name, agent.id, agent.replica)
+        return bind.left(await self.bus._io.script(*call))
 
     async def delete(self, *, force: bool = False) -> None:
         """Delete the channel: its stream, members, limits, dead letters, every key it has.
@@ -139,16 +112,10 @@ class AsyncChannel:
         if not isinstance(force, bool):
             raise InvalidInput("force must be True or False")
         k = self.keys
-        first = [k.meta, k.status, k.inbox, k.beat]
-        rest = [
-            getattr(k, f.name)
-            for f in dataclasses.fields(k)
-            if f.name not in ("channel", "bells") and getattr(k, f.name) not in first
-        ]
         # the members' doorbells (a bell goes with its member when it leaves or is removed)
         names = await self.bus._io.call(self.bus._io.r.hkeys, k.members)
-        rest += [k.bell(n.decode() if isinstance(n, bytes) else n) for n in names]
-        reply = await self.bus._io.script("delete", [*first, *rest], ["1" if force else "0"])
+        members = [n.decode() if isinstance(n, bytes) else n for n in names]
+        reply = await self.bus._io.script(*bind.delete(k, members, force))
         if int(reply[0]) == 0 and reply[1] == "unknown_channel":
             raise UnknownChannel(f"no such channel: {self.name!r}")
         core.raise_if_refused(reply)
@@ -173,8 +140,11 @@ class AsyncChannel:
 
     async def configure(self, **limits: Unpack[core.ChannelLimits]) -> core.ChannelConfig:
         """Change stored limits (those of ``ChannelLimits``) for every host at once."""
-        argv = core.plan_channel(self.bus.settings, None, None, limits)
-        updates = {argv[i]: argv[i + 1] for i in range(6, len(argv), 3) if argv[i + 2] == "1"}
+        triples = core.plan_channel(self.bus.settings, None, None, limits)
+        # (routing and siblings are None here: only the limits passed are explicit)
+        updates = {
+            triples[i]: triples[i + 1] for i in range(0, len(triples), 3) if triples[i + 2] == "1"
+        }
         return await self._update_meta(updates)
 
     async def _update_meta(self, fields: dict[str, str]) -> core.ChannelConfig:
@@ -182,13 +152,7 @@ class AsyncChannel:
         (the rate hash's '#lim'; it repacks them from meta), and older versions' copy, in one
         script: atomic, so every send after it, on any host, sees the change, and a failure
         leaves the channel as it was."""
-        k = self.keys
-        reply = await self.bus._io.script(
-            "configure", [k.meta, k.limits, k.rate], [x for kv in fields.items() for x in kv]
-        )
-        core.raise_if_refused(reply)
-        flat = reply[1:]
-        stored = dict(zip(flat[::2], flat[1::2], strict=True))
+        stored = bind.configured(await self.bus._io.script(*bind.configure(self.keys, fields)))
         self.config = core.config_from_hash(self.name, stored)
         return self.config
 
@@ -216,11 +180,7 @@ class AsyncChannel:
                 raise InvalidInput(f"no dead letter {dead}")
             f = dict(got[0][1])
             sig = list(signer.sign(self.name, f, mode="replay", recipients=[f.get("a", "")]))
-        reply = await self.bus._io.script(
-            "replay", [k.stream, k.inbox, k.dlq, k.status, k.bells], [dead, *sig]
-        )
-        core.raise_if_refused(reply)
-        return str(reply[1])
+        return bind.replayed(await self.bus._io.script(*bind.replay(k, dead, sig)))
 
     async def sweep(
         self, *, batch: int = 1000, consumer_idle_s: float = 24 * 3600
@@ -230,22 +190,18 @@ class AsyncChannel:
         idle_ms = int(check.duration(consumer_idle_s, "consumer_idle_s") * 1000)
         per_call = check.integer(batch, "batch", 1, 100_000)
         cfg, s = self.config.limits, self.bus.settings
-        k = self.keys
-        reply = await self.bus._io.script(
-            "sweep",
-            [k.stream, k.inbox, k.marks, k.idem, k.dlq, k.meta, k.rate, k.nonces, k.nonce_at],
-            [
-                int(float(cfg.get("lease_s", s.lease_s)) * 1000),
-                int(cfg.get("max_deliveries", s.max_deliveries)),
-                int(float(cfg.get("retention_s", s.retention_s)) * 1000),
-                idle_ms,
-                per_call,
-                # the receivers' replay horizon (Signer.replay_keep_ms), from this host's
-                # settings whether or not it signs: a janitor needs no key
-                int(max(s.replay_keep_s, 2 * s.signing_window_s) * 1000),
-            ],
+        call = bind.sweep(
+            self.keys,
+            int(float(cfg.get("lease_s", s.lease_s)) * 1000),
+            int(cfg.get("max_deliveries", s.max_deliveries)),
+            int(float(cfg.get("retention_s", s.retention_s)) * 1000),
+            idle_ms,
+            per_call,
+            # the receivers' replay horizon (Signer.replay_keep_ms), from this host's settings
+            # whether or not it signs: a janitor needs no key
+            int(max(s.replay_keep_s, 2 * s.signing_window_s) * 1000),
         )
-        return core.SweepReport(*(int(x) for x in reply))
+        return bind.swept(await self.bus._io.script(*call))
 
     async def repair(self, *, budget: int = 0) -> dict[str, tuple[int | None, int]]:
         """Rebuild every inbox counter from the stream (entries addressed to each agent that
@@ -253,17 +209,11 @@ class AsyncChannel:
         wrong, as name -> (stored or None when missing, counted). ``budget``: most entries
         one call may look at (0 = no bound); over it nothing is written and InvalidInput
         says so."""
-        k = self.keys
-        reply = await self.bus._io.script(
-            "repair", [k.stream, k.inbox], [check.integer(budget, "budget", 0, 1 << 40)]
-        )
-        if not int(reply[0]):
+        call = bind.repair(self.keys, check.integer(budget, "budget", 0, 1 << 40))
+        wrong = bind.repaired(await self.bus._io.script(*call))
+        if wrong is None:
             raise InvalidInput(f"repair of {self.name!r} needs more than {budget} entries")
-        flat = reply[1:]
-        return {
-            str(flat[i]): (int(flat[i + 1]) if flat[i + 1] != "" else None, int(flat[i + 2]))
-            for i in range(0, len(flat), 3)
-        }
+        return wrong
 
     async def counts(self) -> dict[str, int]:
         """Inbox counters (undone messages per agent), as stored."""

@@ -8,6 +8,7 @@ import builtins
 import time
 from typing import Any
 
+from .. import _bindings as bind
 from .. import _core as core
 from .. import _otel as otel
 from .._agent import ENDED, AgentState
@@ -37,10 +38,7 @@ class Fetching(AgentState):
         )
         k = self._keys
         rejected: builtins.list[tuple[str, str]] = []
-        calls = [
-            *self._settle_calls(),
-            ("view", k.view(self.name), [*plan.argv, self._replay_keep()]),
-        ]
+        calls = [*self._settle_calls(), bind.view(k, self.name, plan.argv, self._replay_keep())]
         reply = (await self._bus._io.scripts(calls))[-1]
         self._deferred.clear()
         if pull:
@@ -50,9 +48,10 @@ class Fetching(AgentState):
         head, got = reply[: core.VIEW_ENTRIES], builtins.list(reply[core.VIEW_ENTRIES :])
         seen = {e[0] for e in got}
         while head[3] and len(got) < plan.limit:
-            argv = [*plan.argv, self._replay_keep(), head[3]]
-            argv[5] = str(plan.limit - len(got))
-            more = await self._bus._io.script("view", k.view(self.name), argv)
+            rest = bind.with_limit(plan.argv, plan.limit - len(got))
+            more = await self._bus._io.script(
+                *bind.view(k, self.name, rest, self._replay_keep(), head[3])
+            )
             fresh = [e for e in more[core.VIEW_ENTRIES :] if e[0] not in seen]
             seen.update(e[0] for e in fresh)
             # a newest-first scan continues with earlier entries
@@ -87,10 +86,11 @@ class Fetching(AgentState):
         """Fetch every new entry of the agent's group into this replica's pending list, as
         read() does (view.lua), handing none over: wait() hands them out next."""
         pull = core.plan_view(self.name, self.replica, "open", None, None, 1, pull=True, mark=False)
-        pull.argv[5] = "0"  # limit 0: only fetch new entries into the group
+        only = bind.with_limit(pull.argv, 0)  # limit 0: only fetch new entries into the group
         while True:  # fetch until nothing is left (each call is capped)
-            argv = [*pull.argv, self._replay_keep()]
-            got = await self._bus._io.script("view", self._keys.view(self.name), argv)
+            got = await self._bus._io.script(
+                *bind.view(self._keys, self.name, only, self._replay_keep())
+            )
             if not int(got[2]):
                 break
         self._pel_dirty = True  # the fetch may have taken entries wait() has not returned
@@ -142,30 +142,31 @@ class Fetching(AgentState):
             return []
         if lapsed:
             self._last_claim = now
-        k = self._keys
-        keys = [k.stream, k.inbox, k.marks, k.dlq, k.rate, k.meta, k.status]
-        argv: builtins.list[Any] = [
-            self.name,
-            self.replica,
-            int(lease_s * 1000),
-            int(cfg.get("max_deliveries", self._bus.settings.max_deliveries)),
-            100 if lapsed else 0,
-            "-" if own else "",
-        ]
+        max_deliveries = int(cfg.get("max_deliveries", self._bus.settings.max_deliveries))
+        count, start = (100 if lapsed else 0), ("-" if own else "")
         out: builtins.list[Message] = []
         while True:
-            calls = [*self._settle_calls(), ("claim", keys, [*argv, *self._handed])]
-            claimed, dead, resume, now_ms, *status = (await self._bus._io.scripts(calls))[-1]
-            if status and status[0] in ENDED:  # (claim.lua handed nothing)
+            claim = bind.claim(
+                self._keys,
+                self.name,
+                self.replica,
+                int(lease_s * 1000),
+                max_deliveries,
+                count,
+                start,
+                self._handed,
+            )
+            got = bind.claimed((await self._bus._io.scripts([*self._settle_calls(), claim]))[-1])
+            if got.status in ENDED:  # (claim.lua handed nothing)
                 self._cancelled = True
                 return out
             self._deferred.clear()
-            if int(dead):
-                self._bus.metrics.dead_lettered(int(dead))
-            out += self._handed_out(claimed, int(now_ms))
-            if not resume:
+            if got.dead:
+                self._bus.metrics.dead_lettered(got.dead)
+            out += self._handed_out(got.entries, got.now_ms)
+            if not got.resume:
                 return out
-            argv[4:6] = [0, resume]
+            count, start = 0, got.resume
 
     def _handed_out(self, claimed: Any, now_ms: int) -> builtins.list[Message]:
         """The messages claim.lua handed this replica, each with its count of hand-outs."""

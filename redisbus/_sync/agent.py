@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Unpack, overload
 
+from .. import _bindings as bind
 from .. import _core as core
 from .. import _otel as otel
 from .. import _validate as check
@@ -107,7 +108,8 @@ class Agent(Fetching):
                     else check.seconds(await_delivery, "await_delivery")
                 )
                 reply = self._bus._coalescer.send(
-                    self._send_keys, plan.argv, idempotent=idempotency_key is not None
+                    bind.send(self._send_keys, [plan.argv]),
+                    idempotent=idempotency_key is not None,
                 )
                 result = core.parse_send(plan, reply)
             except RedisbusError as e:
@@ -381,16 +383,15 @@ class Agent(Fetching):
         """Mark messages done (acknowledged). True if at least one changed state now."""
         ids = message_ids(message)
         res = check.text(result, "result", 1024, allow_newlines=True)
-        k = self._keys
-        done = ("done", [k.stream, k.inbox, k.marks], [self.name, res, *ids])
-        flags = [int(x) for x in (self._bus._io.scripts([*self._settle_calls(), done]))[-1]]
+        done = bind.done(self._keys, self.name, res, ids)
+        flags = bind.done_flags((self._bus._io.scripts([*self._settle_calls(), done]))[-1])
         self._deferred.clear()
         if -1 in flags:
             pass  # refused as a whole: nothing changed, nothing fetched
         elif -2 in flags:
             # addressed to this agent but not fetched yet (seen with list()): fetch, then retry
             self._pull()
-            flags = [int(x) for x in self._bus._io.script("done", done[1], done[2])]
+            flags = bind.done_flags(self._bus._io.script(*done))
         self._drop_handed(ids)
         bad = [i for i, f in zip(ids, flags, strict=True) if f < 0]
         if bad:
@@ -405,8 +406,7 @@ class Agent(Fetching):
 
     def receipt(self, message_id: str | Message) -> builtins.list[Receipt]:
         entry = message_ids(message_id)[0]
-        reply = self._bus._io.script("receipt", [self._keys.stream, self._keys.marks], [entry])
-        return core.parse_receipt(entry, reply)
+        return core.parse_receipt(entry, self._bus._io.script(*bind.receipt(self._keys, entry)))
 
     # -- family -----------------------------------------------------------------------------
     def agents(self) -> Roster:
@@ -431,22 +431,17 @@ class Agent(Fetching):
 
     def _outcome(self, op: str, target: str, text: str) -> str | None:
         body = check.body(check.text(text, "text", 32768, allow_newlines=True))
-        k = self._keys
         self.flush()
         # the outcome is for the target's parent: this agent's own, or this agent (a cancel)
         parent = self.name if op == "cancel" else (self.parent or "")
         sigs = core.sign_outcome(
             self._bus._signer, self.channel.name, op, self.name, target, body, parent
         )
-        reply = self._bus._io.script(
-            "outcome",
-            k.outcome,
-            [op, self.name, target, body, *sigs],
-        )
-        core.raise_if_refused(reply)
-        if reply[1]:
+        call = bind.outcome(self._keys, op, self.name, target, body, sigs)
+        entry = bind.outcome_id(self._bus._io.script(*call))
+        if entry:
             self._bus.metrics.sent("outcome")
-        return str(reply[1]) or None
+        return entry
 
     def children(self) -> dict[str, str]:
         """Direct children and their statuses."""

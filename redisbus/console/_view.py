@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _bindings as bind
 from .. import _core as core
 from .._errors import InvalidInput, UnknownAgent
 from .._keys import ChannelKeys
@@ -203,8 +204,7 @@ class ChannelView:
         todo = [m.id for m in self.messages if m.to and not settled(m.id)]
         if not todo:
             return
-        k = self.keys
-        replies = await self._io.scripts([("receipt", [k.stream, k.marks], [i]) for i in todo])
+        replies = await self._io.scripts([bind.receipt(self.keys, i) for i in todo])
         for mid, reply in zip(todo, replies, strict=True):
             try:
                 self.receipts[mid] = core.parse_receipt(mid, reply)

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] beat  KEYS[2] status
 -- ARGV[1] lease (ms)
--- ARGV[2] the caller's heartbeat period (ms): a gap between two beats of the channel longer
+-- ARGV[2] period: the caller's heartbeat period (ms): a gap between two beats of the channel longer
 --         than one and a half of it is blindness
 -- ARGV[3..] triples: agent, replica, status to set ("" keeps it; only an open agent changes)
 --

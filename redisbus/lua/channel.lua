@@ -1,7 +1,7 @@
 -- channel.lua: create a channel with its limits, or attach to it as stored.
 --
 -- KEYS[1] meta
--- ARGV[1] "create" (create it when missing) or "attach" (it must exist)
+-- ARGV[1] mode: "create" (create it when missing) or "attach" (it must exist)
 -- ARGV[2..] triples: field, value, explicit ("1" when the caller passed the value itself)
 --
 -- returns {1, created (0|1), field, value, ...}   the stored configuration

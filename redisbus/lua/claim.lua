@@ -7,12 +7,13 @@
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] dlq  KEYS[5] rate  KEYS[6] meta
 -- KEYS[7] status (optional): an agent that ended (failed, cancelled, lost) is handed nothing
 -- ARGV[1] agent (its group)  ARGV[2] consumer (this replica)  ARGV[3] lease (ms, min idle)
--- ARGV[4] max deliveries
+-- ARGV[4] max_deliveries
 -- ARGV[5] count: at most this many entries whose lease ran out are examined (0: none)
 -- ARGV[6] own: "" to leave this replica's own entries alone; else where to start in its own
 --         pending list ("-" from the first, or the exclusive id the previous call resumed at)
--- ARGV[7..] ids this replica holds (returned to its caller, not done): not handed out as its
---         own, so their lease keeps running (they come back once it ran out, as any entry)
+-- ARGV[7..] held: ids this replica holds (returned to its caller, not done): not handed
+--         out as its own, so their lease keeps running (they come back once it ran out, as
+--         any entry)
 --
 -- returns {claimed, dead, resume, now_ms[, status]}: status (with KEYS[7]) the agent's; claimed = {{id, {field, value...}, deliveries}, ...} now
 -- owned by this replica; dead = number of entries moved to the dead-letter stream; resume =

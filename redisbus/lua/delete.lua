@@ -1,8 +1,9 @@
 -- delete.lua: delete a channel: every key it has (the registry entry is the caller's).
 --
 -- KEYS[1] meta  KEYS[2] status  KEYS[3] inbox  KEYS[4] beat
--- KEYS[5..] every other key of the channel (stream, members, ... : ChannelKeys, all of them)
--- ARGV[1] "1" to delete it even while it is in use
+-- KEYS[5..] rest: every other key of the channel (stream, members, ... : ChannelKeys, all of
+--           them) and the members' doorbells
+-- ARGV[1] force: "1" to delete it even while it is in use
 --
 -- returns {0, code, message}   refused: unknown_channel, or not_permitted while in use
 --      or {1, keys deleted}

@@ -2,7 +2,7 @@
 -- All or nothing: when any id is refused, nothing changes.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks
--- ARGV[1] agent (its group)   ARGV[2] result text ("" for none)   ARGV[3..] entry ids
+-- ARGV[1] agent (its group)   ARGV[2] result text ("" for none)   ARGV[3..] ids: entry ids
 --
 -- returns one flag per id:
 --    1  done now                      0  already done (nothing to do)

@@ -2,7 +2,7 @@
 --
 -- KEYS[1] stream  KEYS[2] meta  KEYS[3] members  KEYS[4] parents
 -- KEYS[5] status  KEYS[6] ids   KEYS[7] inbox    KEYS[8] beat
--- ARGV[1] name   ARGV[2] parent name or id ("" for a root)   ARGV[3] "1" if a parent was given
+-- ARGV[1] name   ARGV[2] parent name or id ("" for a root)   ARGV[3] parented: "1" if one was given
 -- ARGV[4] id for a new agent   ARGV[5] replica (consumer name)   ARGV[6] host
 -- ARGV[7] description   ARGV[8] skills (JSON array)   ARGV[9] lease (ms)
 --

@@ -2,8 +2,9 @@
 -- heartbeat go again, and its name is free, as if it had never joined.
 --
 -- KEYS[1] stream  KEYS[2] members  KEYS[3] parents  KEYS[4] status
--- KEYS[5] ids     KEYS[6] inbox    KEYS[7] beat     KEYS[8] the agent's bell
--- ARGV[1] agent name   ARGV[2] the agent id its join returned   ARGV[3] its replica
+-- KEYS[5] ids     KEYS[6] inbox    KEYS[7] beat     KEYS[8] bell: the agent's
+-- ARGV[1] agent: its name   ARGV[2] id: the agent id its join returned
+-- ARGV[3] replica: its replica
 --
 -- returns {1, ''}   the join is undone
 --      or {0, why}  something happened since the join, and the member stays as it is

@@ -2,12 +2,14 @@
 -- (no replica heartbeat within the lease). Outcomes flow to the parent as attributed messages.
 --
 -- KEYS[1] stream  KEYS[2] parents  KEYS[3] status  KEYS[4] inbox
--- KEYS[5] the bell prefix (the doorbells of the agents it writes to: see ring)
+-- KEYS[5] bells: the bell prefix (the doorbells of the agents it writes to: see ring)
 -- ARGV[1] op: "complete" | "fail" | "cancel" | "lost"
 -- ARGV[2] actor: the agent calling (for "cancel", the parent; otherwise the agent itself)
 -- ARGV[3] target agent   ARGV[4] text: summary, error or reason
--- ARGV[5] signature of the outcome message or ""   ARGV[6] of the control message or ""
--- ARGV[7] signing time (ms) or ""   (see _signing.py; the client signs what this writes)
+-- ARGV[5] sig: the outcome message's signature or ""
+-- ARGV[6] control_sig: the control message's signature or ""
+-- ARGV[7] signed_at: the signing time (ms) or ""
+--         (see _signing.py; the client signs what this writes)
 --
 -- returns {0, code, message}   refused
 --      or {1, outcome entry id or "", control entry id or "", cancelled count}

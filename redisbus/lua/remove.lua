@@ -1,8 +1,8 @@
 -- remove.lua: take an agent off a channel, freeing its name (a new join makes a new member).
 --
 -- KEYS[1] stream  KEYS[2] members  KEYS[3] parents  KEYS[4] status
--- KEYS[5] ids     KEYS[6] inbox    KEYS[7] beat     KEYS[8] the agent's bell
--- ARGV[1] agent name   ARGV[2] "1" to remove it even while it holds work
+-- KEYS[5] ids     KEYS[6] inbox    KEYS[7] beat     KEYS[8] bell: the agent's
+-- ARGV[1] agent name   ARGV[2] force: "1" to remove it even while it holds work
 --
 -- returns {0, code, message}   refused: unknown_agent, or not_permitted while it holds work
 --      or {1, undone, pending, open children}   the work it held (non-zero only when forced)

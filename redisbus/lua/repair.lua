@@ -1,7 +1,7 @@
 -- repair.lua: rebuild every inbox counter of a channel from the stream itself.
 --
 -- KEYS[1] stream  KEYS[2] inbox
--- ARGV[1] most entries to look at (a bound on the work of one call; 0 = no bound)
+-- ARGV[1] budget: most entries to look at (a bound on the work of one call; 0 = no bound)
 --
 -- returns {complete (1|0), name, stored, counted, name, stored, counted, ...}: the counters
 --   that were wrong, set to what the stream says (complete = 0: the bound was hit, nothing

@@ -2,9 +2,10 @@
 -- the dead-letter stream, atomically.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] dlq  KEYS[4] status
--- KEYS[5] the bell prefix (the recipient's doorbell: see ring)
--- ARGV[1] dead-letter entry id
--- ARGV[2] the replay's signature ("" with signing off)   ARGV[3] its signing time (ms) or ""
+-- KEYS[5] bells: the bell prefix (the recipient's doorbell: see ring)
+-- ARGV[1] dead: the dead-letter entry id
+-- ARGV[2] sig: the replay's signature ("" with signing off; optional, as ARGV[3])
+-- ARGV[3] signed_at: its signing time (ms) or ""
 --
 -- returns {1, new entry id, recipient}  or  {0, code, message}
 --

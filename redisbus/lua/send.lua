@@ -4,16 +4,16 @@
 -- KEYS[5] ids      KEYS[6] inbox   KEYS[7] rate      KEYS[8] idem
 -- KEYS[9] limits: the string where older versions cached meta's limits (the cache is the
 --         rate hash's '#lim' field now); deleted when the cache is refilled
--- KEYS[10] the bell prefix: each recipient's doorbell is this key and its name (see ring)
--- ARGV is one message or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
+-- KEYS[10] bells: the bell prefix; each recipient's doorbell is this key and its name (ring)
+-- ARGV[1..] messages: one or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
 --            "many" (a list: refusals are per recipient), "all" (broadcast to the reachable)
 -- k=3  recipients, "\n"-separated: names, agent ids or "parent" (ignored for "all")
 -- k=4  subject   k=5 body   k=6 type   k=7 priority (0, 1, 2)
 -- k=8  reply_to entry id or ""   k=9 ttl (seconds) or ""
--- k=10 idempotency key or ""     k=11 trace context or ""
--- k=12 signature "kid:hex" or "" k=13 signed timestamp (ms) or ""
+-- k=10 idempotency key or ""  k=11 trace context or ""
+-- k=12 signature "kid:hex" or "" k=13 signed_at (ms) or ""
 -- k=14 cause: the entry id of the message the sender is handling, or "" (see chain_of)
 --
 -- returns, for one message:

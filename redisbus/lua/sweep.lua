@@ -2,13 +2,14 @@
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] idem  KEYS[5] dlq  KEYS[6] meta
 -- KEYS[7] rate (token buckets, dampeners, circuit breakers, chain counts)
--- KEYS[8] nonces  KEYS[9] nonce times (settle.lua's replay record of signed entries)
--- ARGV[1] lease (ms)  ARGV[2] max deliveries  ARGV[3] retention (ms)
+-- KEYS[8] nonces  KEYS[9] nonce_at: the nonce times (the replay record of signed entries)
+-- ARGV[1] lease (ms)  ARGV[2] max_deliveries  ARGV[3] retention (ms)
 -- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
--- ARGV[5] work budget per call: at most this many entries trimmed, and at most this many
+-- ARGV[5] budget: the work per call: at most this many entries trimmed, and at most this many
 --         groups, pending entries, consumers and rate fields examined (the next call carries
 --         on after the last group this one visited: meta field sweep_after)
--- ARGV[6] replay horizon (ms): the replay record forgets pairs older than this (0: leave it)
+-- ARGV[6] keep: the replay horizon (ms): the replay record forgets pairs older than this
+--         (0: leave it)
 --
 -- returns {trimmed, dead_lettered, consumers_removed, expired_undone, rate_pruned,
 --          rate_scanning (1 while the walk over the rate hash has not come round)}

@@ -1,24 +1,24 @@
 -- view.lua: the read and list calls: fetch new entries into the agent's group (read only),
 -- select the messages a filter asks for, and mark the ones addressed to the agent as read.
 --
--- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] nonces  KEYS[5] nonce times
+-- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] nonces  KEYS[5] nonce_at (nonce times)
 --   (the replay record of settle.lua: "kid:nonce" -> first entry id, and when it was seen)
 -- KEYS[6] dlq  KEYS[7] rate  KEYS[8] meta (a read past max_deliveries dead-letters, as
 --   claim.lua does)
--- KEYS[9] the agent's bell: what a read fetches is no longer for its waits to take (wake.lua)
+-- KEYS[9] bell: the agent's doorbell; what a read fetches is no longer for its waits to take
 -- ARGV[1]  agent (its group)   ARGV[2] consumer (replica)
--- ARGV[3]  "1": fetch new entries first (read) — entries not addressed to the agent are
+-- ARGV[3]  pull: "1" to fetch new entries first (read) — entries not addressed to the agent are
 --          acknowledged at once, the others stay pending until done; "0": change nothing (list)
--- ARGV[4]  "1": mark returned messages addressed to the agent as read
--- ARGV[5]  exclusive lower bound entry id, or ""
+-- ARGV[4]  mark: "1" to mark returned messages addressed to the agent as read
+-- ARGV[5]  since: exclusive lower bound entry id, or ""
 -- ARGV[6]  limit (messages returned; 0 = only fetch)
--- ARGV[7]  "1": only unread messages addressed to the agent
+-- ARGV[7]  unread: "1" for only unread messages addressed to the agent
 -- ARGV[8]  from filter or ""   ARGV[9] to filter or ""
 -- ARGV[10] subject filter or "": one group per character of the filter text, groups separated
 --          by "\n", each the forms that character may take ("\t" between them: its lower,
 --          upper, title and case-folded forms), so case folding is Python's, not Lua's ASCII one
 -- ARGV[11] scope: "board" (every message of the channel) or "own" (to or from the agent)
--- ARGV[12] replay horizon (ms) when signing is on, else "0": a signed entry whose (key, nonce)
+-- ARGV[12] keep: the replay horizon (ms) with signing on, else "0": a signed entry whose (key, nonce)
 --          an earlier entry carried is a copy: never shown; one fetched here is rejected
 --          (acknowledged, counted down, marked "J<ms>:replay", as settle.lua does)
 -- ARGV[13] resume token of the previous call's reply, or "" (or absent) to start

@@ -1,11 +1,11 @@
 -- wake.lua: hand a replica the entries its agent's doorbell names: the fetch of the wait path.
 --
--- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] status  KEYS[5] the agent's bell
+-- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] status  KEYS[5] bell (the agent's)
 -- KEYS[6] nonces (hash "kid:nonce" -> the first entry id that carried it)
--- KEYS[7] nonce times (sorted set "kid:nonce" by the ms it was recorded: what to forget)
+-- KEYS[7] nonce_at (sorted set "kid:nonce" by the ms it was recorded: what to forget)
 --         (KEYS[6] and KEYS[7] are read only with KEEP_MS > 0: a caller with signing off may
 --         leave them out)
--- ARGV[1] agent (its group)   ARGV[2] consumer (the replica)   ARGV[3] KEEP_MS, or 0
+-- ARGV[1] agent (its group)   ARGV[2] consumer (the replica)   ARGV[3] keep: KEEP_MS, or 0
 --
 -- returns {seconds, microseconds, {replayed entry ids} or false, status or false, entries}
 --   the Redis clock; the entries rejected as copies of earlier signed entries; the agent's
