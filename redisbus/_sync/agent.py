@@ -404,7 +404,15 @@ class Agent(Fetching):
             self._bus.metrics.done(n)
         return n > 0
 
-    def receipt(self, message_id: str | Message) -> builtins.list[Receipt]:
+    def receipt(self, message_id: str | Message | Receipt) -> builtins.list[Receipt]:
+        """The message's state for each of its recipients: by its id, the ``Message``, or a
+        ``Receipt`` that ``send`` returned (one that was refused has no message to look at)."""
+        if isinstance(message_id, Receipt):
+            if message_id.id is None:
+                raise InvalidInput(
+                    f"the send to {message_id.to!r} was refused: there is no message to look at"
+                )
+            message_id = message_id.id
         entry = message_ids(message_id)[0]
         return core.parse_receipt(entry, self._bus._io.script(*bind.receipt(self._keys, entry)))
 

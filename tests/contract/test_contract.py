@@ -18,6 +18,7 @@ from redisbus import (
     InvalidInput,
     LoopRefused,
     RateLimited,
+    Receipt,
     RecipientClosed,
     RedisbusError,
     TooLarge,
@@ -66,6 +67,20 @@ def test_message_lifecycle_queued_delivered_read_done(bus: Any, chan_name: str) 
     assert rec.status == "done" and rec.done_at and rec.done_at >= rec.queued_at
     assert designer.mark_done(msg.id) is False  # already done: no change
     assert designer.channel.counts()["designer"] == 0
+
+
+def test_a_receipt_is_looked_up_by_the_receipt_send_returned(bus: Any, chan_name: str) -> None:
+    _, _, writer, designer = team(bus, chan_name)
+    r = writer.send("designer", "hello")
+    msg = designer.wait(timeout=5).messages[0]
+    by_id, by_receipt, by_message = writer.receipt(r.id), writer.receipt(r), writer.receipt(msg)
+    assert [x.status for x in by_receipt] == ["read"]
+    # (delivered_at is the clock less the entry's idle time: a millisecond apart between calls)
+    same = [[(x.id, x.to, x.status, x.read_at) for x in got] for got in (by_id, by_message)]
+    assert same == [[(x.id, x.to, x.status, x.read_at) for x in by_receipt]] * 2
+    refused = Receipt(id=None, to="designer", status="rejected")
+    with pytest.raises(InvalidInput, match="refused"):
+        writer.receipt(refused)
 
 
 def test_read_marks_read_and_list_changes_nothing(bus: Any, chan_name: str) -> None:

