@@ -181,7 +181,19 @@ def raw_state(r: redis.Redis, ch: Channel) -> dict[str, Any]:
     # A group's entries-read (Redis 7) is not carried through the AOF: Redis replays what a
     # script's XREADGROUP did as XCLAIM/XGROUP SETID without it. It only feeds XINFO's lag,
     # which the bus does not use, and Redis computes the lag again from the ids.
-    out["groups"] = [{f: v for f, v in g.items() if f != "entries-read"} for g in groups]
+    # A consumer that holds nothing is not state either: Valkey makes one for a group read that
+    # returns nothing and writes no trace of it to the AOF (nor to a replica; Redis gained the
+    # missing propagation in redis/redis#14963), so it is gone after a restart. The bus keeps
+    # nothing in a consumer but its pending entries, compared below by consumer.
+    out["groups"] = [
+        {f: v for f, v in g.items() if f not in ("entries-read", "consumers")} for g in groups
+    ]
+    out["holding"] = {
+        g["name"]: sorted(
+            c["name"] for c in r.xinfo_consumers(k.stream, g["name"]) if int(c["pending"]) > 0
+        )
+        for g in groups
+    }
     out["pending"] = {
         g["name"]: [
             (p["message_id"], p["consumer"], p["times_delivered"])
