@@ -54,6 +54,8 @@ class AgentState:
         self._keys = channel.keys
         self._send_keys = bind.send_keys(channel.keys)
         self._settle_keys = bind.SETTLE.keys_of(channel.keys)
+        signing = self._bus._signer.enabled  # (the replay record's keys: see _replay_keep)
+        self._fetch_keys = bind.fetch_keys(channel.keys, name, signing)
         self._deferred: builtins.list[str] = []
         self._recovered = False
         self._pulled = False  # wait() fetched what no doorbell names (once per handle)

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ._channels import SweepReport, parse_channel
-from ._errors import raise_if_refused
+from ._channels import ChannelConfig, SweepReport, parse_channel
+from ._errors import UnknownChannel, raise_if_refused
 from ._keys import ChannelKeys
 
 __all__ = [
     "SCRIPTS",
     "Call",
     "Claimed",
+    "FetchKeys",
     "Joined",
     "Script",
 ]
@@ -54,6 +55,14 @@ class Script:
     optional: int = 0
     optional_args: int = 0
     record: tuple[str, ...] = ()
+    # how many KEYS and ARGV a call may carry, (least, most or None): made once, so that a
+    # call on the hot paths (settle, wake-up) checks its arity in two comparisons
+    key_counts: tuple[int, int | None] = field(init=False, repr=False)
+    arg_counts: tuple[int, int | None] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_counts", _counts(self.keys, self.optional))
+        object.__setattr__(self, "arg_counts", _counts(self.argv, self.optional_args))
 
     def keys_of(self, k: ChannelKeys, agent: str = "", *, short: bool = False) -> list[str]:
         """The KEYS of a call for ``agent`` (its bell), the optional ones left out when
@@ -67,18 +76,21 @@ class Script:
 
     def call(self, keys: Sequence[str], args: Sequence[Any]) -> Call:
         """A call, its arity checked against the header (a mistake here is a bug, not input)."""
-        if not _fits(self.keys, len(keys), self.optional):
+        least, most = self.key_counts
+        if len(keys) < least or (most is not None and len(keys) > most):
             raise TypeError(f"{self.name}.lua takes {self.keys} as KEYS, got {len(keys)}")
-        if not _fits(self.argv, len(args), self.optional_args):
+        least, most = self.arg_counts
+        if len(args) < least or (most is not None and len(args) > most):
             raise TypeError(f"{self.name}.lua takes {self.argv} as ARGV, got {len(args)}")
         return Call(self.name, keys, args)
 
 
-def _fits(names: tuple[str, ...], n: int, optional: int) -> bool:
-    """Whether ``n`` values fit ``names`` (a last name ending in ``..`` takes any more)."""
+def _counts(names: tuple[str, ...], optional: int) -> tuple[int, int | None]:
+    """How many values fit ``names``: (least, most), most None when the last name ends in
+    ``..`` (it takes any more)."""
     variadic = bool(names) and names[-1].endswith("..")
     fixed = len(names) - variadic
-    return fixed - optional <= n and (variadic or n <= fixed)
+    return fixed - optional, None if variadic else fixed
 
 
 def _s(name: str, keys: str, argv: str, *, record: str = "", **kw: Any) -> Script:
@@ -182,12 +194,20 @@ def beaten(reply: Sequence[Any]) -> tuple[list[str], list[Any]]:
     return list(lost), list(mine)
 
 
-def channel(k: ChannelKeys, create: bool, triples: Sequence[str]) -> Call:
-    """Create the channel (``create``) or attach to it; ``triples``: plan_channel's."""
-    return CHANNEL.call(CHANNEL.keys_of(k), ["create" if create else "attach", *triples])
+def channel(k: ChannelKeys, create: bool, settings: Iterable[tuple[str, str, bool]]) -> Call:
+    """Create the channel (``create``) or attach to it; ``settings``: plan_channel's."""
+    args = ["create" if create else "attach"]
+    for name, value, explicit in settings:
+        args += [name, value, flag(explicit)]
+    return CHANNEL.call(CHANNEL.keys_of(k), args)
 
 
-channel_reply = parse_channel
+def channel_reply(name: str, reply: Sequence[Any]) -> tuple[bool, ChannelConfig]:
+    """channel.lua's reply: (created, the stored configuration); UnknownChannel when it
+    only attached and there is no such channel, ChannelMismatch when a value differs."""
+    if int(reply[0]) == -1:
+        raise UnknownChannel(f"no such channel: {name!r} (create it with bus.channel())")
+    return parse_channel(name, reply)
 
 
 def claim(
@@ -405,6 +425,19 @@ def with_limit(plan: Sequence[str], limit: int) -> list[str]:
 def wake_keys(k: ChannelKeys, agent: str, signing: bool) -> list[str]:
     """KEYS of wake.lua for ``agent``: the replay record only with signing on."""
     return WAKE.keys_of(k, agent, short=not signing)
+
+
+class FetchKeys(NamedTuple):
+    """The keys one fetch of an agent names (``_redis.fetch_commands``): settle.lua's KEYS,
+    the agent's bell, wake.lua's KEYS. Made once per handle: a wait does not build them."""
+
+    settle: list[str]
+    bell: str
+    wake: list[str]
+
+
+def fetch_keys(k: ChannelKeys, agent: str, signing: bool) -> FetchKeys:
+    return FetchKeys(SETTLE.keys_of(k), k.bell(agent), wake_keys(k, agent, signing))
 
 
 def wake(keys: Sequence[str], agent: str, consumer: str, keep_ms: int) -> Call:

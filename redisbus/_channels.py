@@ -128,9 +128,10 @@ class ChannelConfig:
 
 def plan_channel(
     settings: BusSettings, routing: object, siblings: object, overrides: Mapping[str, object]
-) -> list[str]:
-    """ARGV for channel.lua: (field, value, explicit) triples. ``overrides`` is checked here,
-    not trusted to match ``ChannelLimits``: an unknown name or a bad value is InvalidInput."""
+) -> list[tuple[str, str, bool]]:
+    """The channel's settings as channel.lua takes them: (field, value, explicit: the caller
+    passed it) for each. ``overrides`` is checked here, not trusted to match
+    ``ChannelLimits``: an unknown name or a bad value is InvalidInput."""
     overrides = dict(overrides)
     deny = overrides.pop("auto_reply_deny", None)
     unknown = set(overrides) - set(LIMITS)
@@ -140,16 +141,12 @@ def plan_channel(
         raise InvalidInput(f"routing must be 'open' or 'family', got {routing!r}")
     if siblings is not None and not isinstance(siblings, bool):
         raise InvalidInput("siblings must be True or False")
-    argv: list[str] = [
-        "routing",
-        str(routing or "open"),
-        "1" if routing is not None else "0",
-        "siblings",
-        "1"
-        if siblings
-        else ("0" if siblings is not None else ("1" if (routing or "open") == "open" else "0")),
-        "1" if siblings is not None else "0",
-    ]
+    default_siblings = "1" if (routing or "open") == "open" else "0"
+    out: list[tuple[str, str, bool]] = [
+        ("routing", str(routing or "open"), routing is not None),
+        ("siblings", default_siblings if siblings is None else ("1" if siblings else "0"),
+         siblings is not None),
+    ]  # fmt: skip
     for field in LIMITS:
         if field in overrides and overrides[field] is not None:
             value = overrides[field]
@@ -159,19 +156,19 @@ def plan_channel(
                 v = check.duration(value, field)
             else:
                 v = check.positive_number(value, field, maximum=MAX_RATE)
-            explicit = "1"
+            explicit = True
         else:
             v = float(getattr(settings, field))
-            explicit = "0"
-        argv += [field, fmt_number(v), explicit]
+            explicit = False
+        out.append((field, fmt_number(v), explicit))
     if deny is None:
-        argv += ["auto_reply_deny", "\n".join(settings.auto_reply_deny), "0"]
+        out.append(("auto_reply_deny", "\n".join(settings.auto_reply_deny), False))
     else:
         if isinstance(deny, str) or not isinstance(deny, list | tuple | set | frozenset):
             raise InvalidInput("auto_reply_deny must be a list of agent names")
         names = [check.name(n, "denied sender") for n in deny]
-        argv += ["auto_reply_deny", "\n".join(names), "1"]
-    return argv
+        out.append(("auto_reply_deny", "\n".join(names), True))
+    return out
 
 
 def parse_channel(name: str, reply: Sequence[Any]) -> tuple[bool, ChannelConfig]:

@@ -16,7 +16,6 @@ from redis import exceptions as rx
 
 from . import _bindings as bind
 from ._errors import BusConnectionError, InvalidInput, RedisbusError, ServerFull, UnknownAgent
-from ._keys import ChannelKeys
 from ._settings import BusSettings
 
 Action = Literal["retry", "reload", "raise"]
@@ -258,7 +257,7 @@ def stream_entries(reply: Any) -> list[tuple[str, dict[str, str] | None]]:
 def fetch_commands(
     verb: str,
     shas: tuple[str, str],
-    keys: ChannelKeys,
+    keys: bind.FetchKeys,
     group: str,
     consumer: str,
     block_ms: int | None,
@@ -271,19 +270,16 @@ def fetch_commands(
     then, when ``block_ms``, the blocking read of ``group``'s doorbell after ``bell_seen``
     (XREAD BLOCK: it returns when a message for the agent is rung, or at the timeout), then
     wake.lua (``shas[1]``), which hands ``consumer`` what the bell names. Redis runs a
-    pipeline's commands in order, so wake.lua runs the moment the read returns. The replay
-    check's two keys go only with signing on (``replay_keep_ms``): nothing else reads them,
-    and two keys fewer cost every wake-up less."""
+    pipeline's commands in order, so wake.lua runs the moment the read returns. ``keys``:
+    the handle's (``_bindings.fetch_keys``), the replay check's two keys in wake.lua's only
+    with signing on: nothing else reads them, and two keys fewer cost every wake-up less."""
     commands: list[tuple[Any, ...]] = []
     if settle:
-        _, sk, sa = bind.settle(bind.SETTLE.keys_of(keys), group, settle)
+        _, sk, sa = bind.settle(keys.settle, group, settle)
         commands.append((verb, shas[0], len(sk), *sk, *sa))
     if block_ms is not None:
-        bell = keys.bell(group)
-        commands.append(("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", bell, bell_seen))
-    _, wk, wa = bind.wake(
-        bind.wake_keys(keys, group, bool(replay_keep_ms)), group, consumer, replay_keep_ms
-    )
+        commands.append(("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", keys.bell, bell_seen))
+    _, wk, wa = bind.wake(keys.wake, group, consumer, replay_keep_ms)
     commands.append((verb, shas[1], len(wk), *wk, *wa))
     return commands
 

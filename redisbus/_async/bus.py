@@ -23,7 +23,6 @@ from .._errors import (
     InvalidInput,
     NotPermitted,
     RedisbusError,
-    UnknownChannel,
 )
 from .._keys import ChannelKeys, registry_key
 from .._outage import Outage
@@ -137,14 +136,12 @@ class AsyncBus:
         if not isinstance(create, bool):
             raise InvalidInput("create must be True or False")
         cname = check.channel_name(name)
-        triples = core.plan_channel(self.settings, routing, siblings, limits)
+        planned = core.plan_channel(self.settings, routing, siblings, limits)
         if not self._checked_eviction:
             self._checked_eviction = True
             await self._warn_if_evicting()
         keys = ChannelKeys.build(self.settings.prefix, cname)
-        reply = await self._io.script(*bind.channel(keys, create, triples))
-        if int(reply[0]) == -1:
-            raise UnknownChannel(f"no such channel: {cname!r} (create it with bus.channel())")
+        reply = await self._io.script(*bind.channel(keys, create, planned))
         created, cfg = bind.channel_reply(cname, reply)
         if created:
             await self._io.call(self._io.r.sadd, registry_key(self.settings.prefix), cname)

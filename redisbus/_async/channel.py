@@ -140,12 +140,8 @@ class AsyncChannel:
 
     async def configure(self, **limits: Unpack[core.ChannelLimits]) -> core.ChannelConfig:
         """Change stored limits (those of ``ChannelLimits``) for every host at once."""
-        triples = core.plan_channel(self.bus.settings, None, None, limits)
-        # (routing and siblings are None here: only the limits passed are explicit)
-        updates = {
-            triples[i]: triples[i + 1] for i in range(0, len(triples), 3) if triples[i + 2] == "1"
-        }
-        return await self._update_meta(updates)
+        planned = core.plan_channel(self.bus.settings, None, None, limits)
+        return await self._update_meta({f: v for f, v, explicit in planned if explicit})
 
     async def _update_meta(self, fields: dict[str, str]) -> core.ChannelConfig:
         """Write meta fields and drop send.lua's packed copy of the limits and pause switch

@@ -103,7 +103,7 @@ class Fetching(AgentState):
         before = io.retries
         try:
             entries, now, replayed, status, rung = await io.fetch(
-                self._keys,
+                self._fetch_keys,
                 self.name,
                 self.replica,
                 block_ms,

@@ -15,8 +15,8 @@ from typing import Any
 
 from redis import exceptions as rx
 
+from .._bindings import Call, FetchKeys
 from .._errors import BusClosed, BusConnectionError, RedisbusError
-from .._keys import ChannelKeys
 from .._redis import backoff_s, classify, fetch_commands, fetch_result, stream_entries
 from .._resp import gone
 from .._scripts import function_name, library, source
@@ -25,8 +25,6 @@ from .._transport_async import Transport, Trip, node_client, sleep, slot_table
 
 __all__ = ["IO"]
 
-#: A script call: (script name, keys, arguments)
-Call = tuple[str, Sequence[str], Sequence[Any]]
 Command = tuple[Any, ...]
 
 
@@ -188,7 +186,7 @@ class IO:
 
     async def fetch(
         self,
-        keys: ChannelKeys,
+        keys: FetchKeys,
         group: str,
         consumer: str,
         block_ms: int | None,
@@ -203,7 +201,7 @@ class IO:
         self.check_open()
         if self.cluster:
             return await self._routed(  # type: ignore[no-any-return]
-                keys.stream,
+                keys.bell,  # (the channel's hash tag, as every key of the fetch)
                 lambda io: io.fetch(
                     keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
                 ),

@@ -102,7 +102,7 @@ class Fetching(AgentState):
         before = io.retries
         try:
             entries, now, replayed, status, rung = io.fetch(
-                self._keys,
+                self._fetch_keys,
                 self.name,
                 self.replica,
                 block_ms,

@@ -86,7 +86,7 @@ def calls() -> dict[str, b.Call]:
     """A call of every script, through its builder, as the faces make them."""
     return {
         "beat": b.beat(K, 1000, 100, ["a", "r", ""]),
-        "channel": b.channel(K, True, ["routing", "open", "0"]),
+        "channel": b.channel(K, True, [("routing", "open", False)]),
         "claim": b.claim(K, "a", "r", 1000, 5, 100, "-", ["1-1"]),
         "configure": b.configure(K, {"paused": "1"}),
         "delete": b.delete(K, ["a", "b"], False),
