@@ -228,6 +228,7 @@ def _xadd_sender(
     url: str,
     stream: str,
     bell: str,
+    wakeup: str,
     fields: dict[bytes, bytes],
     body_key: bytes,
     n: int,
@@ -247,14 +248,16 @@ def _xadd_sender(
         sleep_until(deadline)
         entry[body_key] = body().encode()
         entry_id = r.xadd(stream, entry)  # type: ignore[arg-type]
-        r.xadd(bell, {"i": entry_id})  # the recipient's doorbell (what send.lua rings)
+        if r.rpush(bell, entry_id) == 1:  # the recipient's doorbell, as send.lua rings it
+            r.rpush(wakeup, "")
     r.close()
 
 
 def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
     """:func:`bus_wait_wakeup` with the sender's ``send()`` replaced by a bare ``XADD`` of
     the entry ``send()`` writes (its fields copied from one real send, the body restamped),
-    and one of the recipient's doorbell entry: the receive side alone, the sender costing
+    and the recipient's doorbell rung (its id pushed, the wakeup with it when the bell was
+    empty): the receive side alone, the sender costing
     about what raw Redis's does. No limit is checked and
     the inbox count is not raised for these entries (``mark_done()`` counts it down all the
     same), which the wake-up path does not read."""
@@ -277,8 +280,8 @@ def bus_wait_wakeup_xadd(ctx: Ctx, rate: float = 1_000.0) -> Metrics:
         body_key = next(k for k, v in fields.items() if v == b"template")
         spawn = mp.get_context("spawn")
         ready, go = spawn.Event(), spawn.Event()
-        bell = receiver._keys.bell("receiver")
-        args = (ctx.url, stream, bell, fields, body_key, n, rate, ready, go)
+        bell, wakeup = receiver._keys.bell("receiver"), receiver._keys.wakeup("receiver")
+        args = (ctx.url, stream, bell, wakeup, fields, body_key, n, rate, ready, go)
         proc = spawn.Process(target=_xadd_sender, args=args)
         lat = _receive_from(proc, ready, go, receiver, n)
     return wakeup_metrics(lat, n)

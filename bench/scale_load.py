@@ -116,7 +116,7 @@ class LoadRun:
     round_trips: int
     cycle_p50_us: float
     #: per shard (in slot order): channels, messages (XACKs: each message's mark_done acknowledges
-    #: it once; a send writes two entries, the message and its recipient's doorbell), data
+    #: it once; a send writes one entry and pushes its id on the recipient's doorbell), data
     #: commands, execution µs of
     #: the top-level commands, main-thread CPU s; replicas: execution µs and CPU s
     shard_channels: list[int] = field(default_factory=list)

@@ -22,6 +22,7 @@ AGENT_COMMANDS = (
     "+ping +hello +auth +client|setname +client|id +info +time +wait +multi +exec +discard "
     "+watch +unwatch +cluster|slots +cluster|nodes +readonly +xadd +xreadgroup +xread +xack "
     "+xclaim +xautoclaim +xpending +xrange +xrevrange +xlen +xinfo +xgroup +xtrim +xdel "
+    "+rpush +lpop +blpop +lrange +ltrim +lrem +llen "
     "+evalsha +eval +script|load +script|exists +hget +hset +hsetnx +hmget +hgetall +hdel "
     "+hincrby +hincrbyfloat +hexists +hlen +hkeys +hscan +sadd +smembers +srem +sismember "
     "+scard +zadd +zrem +zrangebyscore +get +set +del +exists +expire +pexpire +pttl"

@@ -64,7 +64,7 @@ class AgentState:
         # meanwhile is caused by one of them (see _cause)
         self._handed: dict[str, int] = {}
         self._deepest: tuple[str, int] | None = None  # the deepest of them, once known
-        self._bell_seen = "0-0"  # the last doorbell entry a fetch of this handle saw
+        self._wakeup_lost = False  # a fetch failed: the next one does not block first
         self._cancelled = False
         self._replicas = 1  # live replicas of the agent, as the last heartbeat counted them
         self._want_status: str | None = None

@@ -9,8 +9,9 @@ fields, ``-- k=1 sender``): ``tests/lua/test_bindings.py`` checks every ``Script
 against its header, and the highest ``KEYS[n]`` and ``ARGV[n]`` each script's code uses
 against the names declared, so a script and its callers cannot drift apart.
 
-A key's name is the ``ChannelKeys`` field it is, but for ``bell`` (the doorbell of the agent
-the call is for) and ``rest`` (delete.lua's every other key, the caller's list).
+A key's name is the ``ChannelKeys`` field it is, but for ``bell`` and ``wakeup`` (the doorbell
+and the wakeup list of the agent the call is for) and ``rest`` (delete.lua's every other key,
+the caller's list).
 """
 
 from __future__ import annotations
@@ -65,10 +66,10 @@ class Script:
         object.__setattr__(self, "arg_counts", _counts(self.argv, self.optional_args))
 
     def keys_of(self, k: ChannelKeys, agent: str = "", *, short: bool = False) -> list[str]:
-        """The KEYS of a call for ``agent`` (its bell), the optional ones left out when
-        ``short`` (``rest`` is never here: the caller adds it)."""
+        """The KEYS of a call for ``agent`` (its bell and wakeup), the optional ones left out
+        when ``short`` (``rest`` is never here: the caller adds it)."""
         names = self.keys[: len(self.keys) - self.optional] if short else self.keys
-        return [k.bell(agent) if n == "bell" else getattr(k, n) for n in names if n != "rest.."]
+        return [_key(k, n, agent) for n in names if n != "rest.."]
 
     def index(self, arg: str) -> int:
         """Where ARGV ``arg`` sits in a call's argument list (from 0)."""
@@ -85,6 +86,14 @@ class Script:
         return Call(self.name, keys, args)
 
 
+def _key(k: ChannelKeys, name: str, agent: str) -> str:
+    if name == "bell":
+        return k.bell(agent)
+    if name == "wakeup":
+        return k.wakeup(agent)
+    return str(getattr(k, name))
+
+
 def _counts(names: tuple[str, ...], optional: int) -> tuple[int, int | None]:
     """How many values fit ``names``: (least, most), most None when the last name ends in
     ``..`` (it takes any more)."""
@@ -99,7 +108,7 @@ def _s(name: str, keys: str, argv: str, *, record: str = "", **kw: Any) -> Scrip
     )
 
 
-_MEMBER = "stream members parents status ids inbox beat bell"
+_MEMBER = "stream members parents status ids inbox beat bell wakeup"
 
 BEAT = _s("beat", "beat status", "lease period triples..")
 CHANNEL = _s("channel", "meta", "mode triples..")
@@ -120,16 +129,18 @@ JOIN = _s(
 LEAVE = _s("leave", _MEMBER, "agent id replica")
 OUTCOME = _s(
     "outcome",
-    "stream parents status inbox bells",
+    "stream parents status inbox bells wakeups",
     "op actor target text sig control_sig signed_at",
 )
 RECEIPT = _s("receipt", "stream marks", "entry")
 REMOVE = _s("remove", _MEMBER, "agent force")
 REPAIR = _s("repair", "stream inbox", "budget")
-REPLAY = _s("replay", "stream inbox dlq status bells", "dead sig signed_at", optional_args=2)
+REPLAY = _s(
+    "replay", "stream inbox dlq status bells wakeups", "dead sig signed_at", optional_args=2
+)
 SEND = _s(
     "send",
-    "stream meta parents status ids inbox rate idem limits bells",
+    "stream meta parents status ids inbox rate idem limits bells wakeups",
     "messages..",
     record="sender mode recipients subject body type priority reply_to ttl idempotency trace "
     "signature signed_at cause",
@@ -142,12 +153,15 @@ SWEEP = _s(
 )
 VIEW = _s(
     "view",
-    "stream inbox marks nonces nonce_at dlq rate meta bell",
+    "stream inbox marks nonces nonce_at dlq rate meta bell wakeup",
     "agent consumer pull mark since limit unread from to subject scope keep resume",
     optional_args=1,
 )
 WAKE = _s(
-    "wake", "stream inbox marks status bell nonces nonce_at", "agent consumer keep", optional=2
+    "wake",
+    "stream inbox marks status bell wakeup nonces nonce_at",
+    "agent consumer keep blocked",
+    optional=2,
 )
 
 #: Every binding by its script's name.
@@ -252,14 +266,15 @@ def configured(reply: Sequence[Any]) -> dict[str, str]:
 
 
 def delete(k: ChannelKeys, members: Iterable[str], force: bool) -> Call:
-    """Delete every key of the channel and the doorbells of ``members``."""
+    """Delete every key of the channel and the doorbells and wakeup lists of ``members``."""
     first = DELETE.keys_of(k)
     rest = [
         getattr(k, f)
         for f in ChannelKeys.__dataclass_fields__
-        if f not in ("channel", "bells") and getattr(k, f) not in first
+        if f not in ("channel", "bells", "wakeups") and getattr(k, f) not in first
     ]
-    return DELETE.call([*first, *rest, *(k.bell(n) for n in members)], [flag(force)])
+    per_member = [key for n in members for key in (k.bell(n), k.wakeup(n))]
+    return DELETE.call([*first, *rest, *per_member], [flag(force)])
 
 
 def done(k: ChannelKeys, agent: str, result: str, ids: Sequence[str]) -> Call:
@@ -429,16 +444,18 @@ def wake_keys(k: ChannelKeys, agent: str, signing: bool) -> list[str]:
 
 class FetchKeys(NamedTuple):
     """The keys one fetch of an agent names (``_redis.fetch_commands``): settle.lua's KEYS,
-    the agent's bell, wake.lua's KEYS. Made once per handle: a wait does not build them."""
+    the agent's wakeup list (what the wait blocks on), wake.lua's KEYS. Made once per handle:
+    a wait does not build them."""
 
     settle: list[str]
-    bell: str
+    wakeup: str
     wake: list[str]
 
 
 def fetch_keys(k: ChannelKeys, agent: str, signing: bool) -> FetchKeys:
-    return FetchKeys(SETTLE.keys_of(k), k.bell(agent), wake_keys(k, agent, signing))
+    return FetchKeys(SETTLE.keys_of(k), k.wakeup(agent), wake_keys(k, agent, signing))
 
 
-def wake(keys: Sequence[str], agent: str, consumer: str, keep_ms: int) -> Call:
-    return WAKE.call(keys, [agent, consumer, keep_ms])
+def wake(keys: Sequence[str], agent: str, consumer: str, keep_ms: int, blocked: bool) -> Call:
+    """wake.lua; ``blocked``: it follows the wait's blocking pop of the wakeup list."""
+    return WAKE.call(keys, [agent, consumer, keep_ms, flag(blocked)])

@@ -20,8 +20,10 @@
 {prefix}:{<channel>}:lim     string: where 0.1.0 cached what "#lim" holds; never
                              written now, deleted by configure and when send.lua refills "#lim"
 {prefix}:{<channel>}:nonce   hash: "KID:NONCE" of a signed entry -> the first entry id carrying it
-{prefix}:{<channel>}:b:<agent>  stream: the agent's doorbell, one entry {i: entry id} per entry
-                             addressed to it that its waits have not taken yet (wake.lua)
+{prefix}:{<channel>}:b:<agent>  list: the agent's doorbell, the ids of the entries addressed to
+                             it that its waits have not taken yet (wake.lua), in stream order
+{prefix}:{<channel>}:w:<agent>  list: the agent's wakeup, one item ('') while its bell holds ids
+                             no wait was woken for; its waits block on it (BLPOP)
 {prefix}:{<channel>}:nonce:at  sorted set: the same pairs by when they were recorded (ms), so
                              settle.lua forgets them after the replay horizon
 {prefix}:channels            set of channel names (outside any channel's slot; never in Lua)
@@ -53,6 +55,7 @@ class ChannelKeys:
     nonces: str
     nonce_at: str
     bells: str  # the doorbells' prefix: an agent's bell is this and its name
+    wakeups: str  # the wakeup lists' prefix, the same way
 
     @classmethod
     def build(cls, prefix: str, channel: str) -> ChannelKeys:
@@ -75,11 +78,16 @@ class ChannelKeys:
             nonces=base + "nonce",
             nonce_at=base + "nonce:at",
             bells=base + "b:",
+            wakeups=base + "w:",
         )
 
     def bell(self, agent: str) -> str:
-        """The doorbell of ``agent``: what its waits block on (wake.lua)."""
+        """The doorbell of ``agent``: the ids rung for it that wake.lua takes."""
         return self.bells + agent
+
+    def wakeup(self, agent: str) -> str:
+        """The wakeup list of ``agent``: what its waits block on."""
+        return self.wakeups + agent
 
 
 def registry_key(prefix: str) -> str:

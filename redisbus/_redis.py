@@ -263,36 +263,33 @@ def fetch_commands(
     block_ms: int | None,
     settle: list[str] | None,
     replay_keep_ms: int,
-    bell_seen: str,
 ) -> list[tuple[Any, ...]]:
     """The commands of one fetch, sent in one trip by either face (``verb`` names the scripts
     by ``shas``: FCALL or EVALSHA): the deferred ``settle`` ops (settle.lua, ``shas[0]``),
-    then, when ``block_ms``, the blocking read of ``group``'s doorbell after ``bell_seen``
-    (XREAD BLOCK: it returns when a message for the agent is rung, or at the timeout), then
-    wake.lua (``shas[1]``), which hands ``consumer`` what the bell names. Redis runs a
-    pipeline's commands in order, so wake.lua runs the moment the read returns. ``keys``:
-    the handle's (``_bindings.fetch_keys``), the replay check's two keys in wake.lua's only
-    with signing on: nothing else reads them, and two keys fewer cost every wake-up less."""
+    then, when ``block_ms``, the blocking pop of ``group``'s wakeup list (BLPOP: it returns
+    when a message for the agent is rung, or at the timeout), then wake.lua (``shas[1]``),
+    which hands ``consumer`` what the agent's bell names. Redis runs a pipeline's commands in
+    order, so wake.lua runs the moment the pop returns. ``keys``: the handle's
+    (``_bindings.fetch_keys``), the replay check's two keys in wake.lua's only with signing
+    on: nothing else reads them, and two keys fewer cost every wake-up less."""
     commands: list[tuple[Any, ...]] = []
     if settle:
         _, sk, sa = bind.settle(keys.settle, group, settle)
         commands.append((verb, shas[0], len(sk), *sk, *sa))
-    if block_ms is not None:
-        commands.append(("XREAD", "COUNT", 1, "BLOCK", block_ms, "STREAMS", keys.bell, bell_seen))
-    _, wk, wa = bind.wake(keys.wake, group, consumer, replay_keep_ms)
+    if block_ms is not None:  # (at least 2 ms: Redis 6.2 reads "0.001" as 0, forever)
+        commands.append(("BLPOP", keys.wakeup, f"{max(block_ms, 2) / 1000:.3f}"))
+    _, wk, wa = bind.wake(keys.wake, group, consumer, replay_keep_ms, block_ms is not None)
     commands.append((verb, shas[1], len(wk), *wk, *wa))
     return commands
 
 
 def fetch_result(
-    out: list[Any], blocked: bool
-) -> tuple[list[tuple[str, dict[str, str] | None]], int, int, str | None, str | None]:
-    """The replies of :func:`fetch_commands` (``blocked``: it read the bell): the entries
-    wake.lua handed over (less those it rejected as replays: never handed over), the Redis
-    clock in ms, how many it rejected, the agent's status when wake.lua read it (None
-    otherwise), and the last bell entry the read saw (None when it saw none)."""
+    out: list[Any],
+) -> tuple[list[tuple[str, dict[str, str] | None]], int, int, str | None]:
+    """The replies of :func:`fetch_commands`: the entries wake.lua handed over (less those it
+    rejected as replays: never handed over), the Redis clock in ms, how many it rejected, and
+    the agent's status when wake.lua read it (None otherwise)."""
     t1, t2, replayed, status, handed = out[-1]
-    rung = stream_entries(out[-2]) if blocked else []
     entries = stream_entries([(None, handed)]) if handed else []
     status = status.decode() if isinstance(status, bytes) else status
     return (
@@ -300,5 +297,4 @@ def fetch_result(
         int(t1) * 1000 + int(t2) // 1000,
         len(replayed or ()),
         status or None,
-        rung[-1][0] if rung else None,
     )

@@ -97,29 +97,29 @@ class Fetching(AgentState):
 
     async def _fetch(self, block_ms: int | None) -> tuple[builtins.list[Any], int]:
         """New entries for this agent: those its doorbell names (wake.lua), after blocking on
-        the bell up to ``block_ms`` (None: not at all)."""
+        its wakeup list up to ``block_ms`` (None: not at all)."""
         settle = list(self._deferred) if self._deferred else None
         io = self._bus._io
         before = io.retries
+        if self._wakeup_lost:  # the last fetch failed: its pop may have taken the wakeup
+            block_ms, self._wakeup_lost = None, False
         try:
-            entries, now, replayed, status, rung = await io.fetch(
+            entries, now, replayed, status = await io.fetch(
                 self._fetch_keys,
                 self.name,
                 self.replica,
                 block_ms,
                 settle,
                 self._replay_keep(),
-                self._bell_seen,
             )
         except RedisbusError:
             self._pel_dirty = True  # the fetch may have handed over entries we never saw
+            self._wakeup_lost = True
             raise
         if io.retries != before:
             self._pel_dirty = True
         if settle:
             del self._deferred[: len(settle)]
-        if rung is not None:
-            self._bell_seen = rung
         if replayed:  # wake.lua rejected them (a copy of an earlier signed entry)
             self._bus.metrics.message_rejected("replay", replayed)
         if status in ENDED:  # another replica was woken by the cancel, or the agent ended

@@ -193,27 +193,31 @@ class IO:
         block_ms: int | None,
         settle: builtins.list[str] | None,
         replay_keep_ms: int,
-        bell_seen: str,
-    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int, str | None, str | None]:
-        """The blocking read of ``group``'s doorbell (when block_ms) and wake.lua right after
+    ) -> tuple[builtins.list[tuple[str, dict[str, str] | None]], int, int, str | None]:
+        """The blocking pop of ``group``'s wakeup list (when block_ms) and wake.lua right after
         it, in one trip, with the deferred ``settle`` ops before them
         (``_redis.fetch_commands``): what the fetch returns is marked read on the server
         before the reply comes back."""
         self.check_open()
         if self.cluster:
             return self._routed(  # type: ignore[no-any-return]
-                keys.bell,  # (the channel's hash tag, as every key of the fetch)
-                lambda io: io.fetch(
-                    keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
-                ),
+                keys.wakeup,  # (the channel's hash tag, as every key of the fetch)
+                lambda io: io.fetch(keys, group, consumer, block_ms, settle, replay_keep_ms),
             )
         scripts = ["settle", "wake"] if settle else ["wake"]
         shas = (self.load("settle") if settle else "", self.load("wake"))
         commands = fetch_commands(
-            self.verb, shas, keys, group, consumer, block_ms, settle, replay_keep_ms, bell_seen
+            self.verb, shas, keys, group, consumer, block_ms, settle, replay_keep_ms
         )
-        out = self._scripted("fetch", commands, scripts)
-        return fetch_result(out, block_ms is not None)
+
+        # a repeat does not block: the failed try's pop may have taken the wakeup
+        def again() -> builtins.list[Command]:
+            return fetch_commands(
+                self.verb, shas, keys, group, consumer, None, settle, replay_keep_ms
+            )
+
+        out = self._scripted("fetch", commands, scripts, again=again)
+        return fetch_result(out)
 
     # -- sends: not retried, each call's reply or error in its slot -------------------------
     def scripts_raw(self, calls: Sequence[Call]) -> builtins.list[Any]:
@@ -256,18 +260,20 @@ class IO:
         commands: builtins.list[Command],
         scripts: builtins.list[str],
         retry: bool = True,
+        again: Callable[[], builtins.list[Command]] | None = None,
     ) -> builtins.list[Any]:
         """``commands``, with EVALSHAs of the ``scripts``, in one round trip (``_trip``),
-        repeated as ``call`` repeats. When the server lost the scripts (NOSCRIPT, or no such
-        function: a restart, a failover, a flush) they are loaded again and the commands sent
-        again as they are (a SHA, a function's name: both are their code's digest), three
-        tries in all."""
+        repeated as ``call`` repeats (``again``, when given, makes what a repeat sends). When the
+        server lost the scripts (NOSCRIPT, or no such function: a restart, a failover, a
+        flush) they are loaded again and the commands sent again as they are (a SHA, a
+        function's name: both are their code's digest), three tries in all."""
         self.check_open()
         attempt = tries = 0
         while True:
             try:
                 return self._trip(trip, commands)
             except rx.NoScriptError as e:
+                commands = again() if again else commands
                 tries += 1
                 if tries == 3:
                     raise RedisbusError(f"could not load {', '.join(scripts)}") from e
@@ -277,6 +283,7 @@ class IO:
             except (rx.RedisError, rx.RedisClusterException, OSError) as e:
                 self._failed(e, attempt, retry)
                 attempt += 1
+                commands = again() if again else commands
 
     def _trip(
         self, trip: Trip, commands: builtins.list[Command], *, raw: bool = False

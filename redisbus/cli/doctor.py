@@ -62,6 +62,17 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("HSET", "{key}", "f", "v"),
     ("HSETNX", "{key}", "f", "v"),
     ("HINCRBY", "{key}", "f", "1"),
+    ("HSCAN", "{key}", "0"),
+    ("RPUSH", "{key}", "0-1"),
+    ("LPOP", "{key}", "1"),
+    ("BLPOP", "{key}", "0.01"),
+    ("LRANGE", "{key}", "0", "0"),
+    ("LTRIM", "{key}", "0", "-1"),
+    ("LREM", "{key}", "1", "0-1"),
+    ("LLEN", "{key}"),
+    ("ZADD", "{key}", "1", "m"),
+    ("ZRANGEBYSCORE", "{key}", "-inf", "+inf", "LIMIT", "0", "1"),
+    ("ZREM", "{key}", "m"),
     ("SADD", "{key}", "m"),
     ("SMEMBERS", "{key}"),
     ("EXISTS", "{key}"),
@@ -70,7 +81,7 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("PING",),
 )
 # commands that would write when run: probed on a key of their own, deleted after
-WRITES = {"HSET", "HSETNX", "HINCRBY", "SADD"}
+WRITES = {"HSET", "HSETNX", "HINCRBY", "SADD", "RPUSH", "ZADD"}
 
 # Servers that replay the append-only file as the ``default`` ACL user and re-check its
 # permissions at each EXEC: the effects of every script reach the AOF as MULTI/EXEC, so with a

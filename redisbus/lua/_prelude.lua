@@ -81,17 +81,22 @@ local function id_before(a, b)
   return tonumber(as) < tonumber(bs)
 end
 
--- ring the doorbells of the agents named in `to` (names joined by "\n") for entry `id`: one
--- entry {i = id} in each agent's bell stream, `bells` .. name (the channel's bell prefix, a key
--- of its KEYS; every bell carries the channel's hash tag). An agent's wait blocks on its own
--- bell, not on the channel stream, so a message wakes its recipients only (wake.lua hands the
--- entries a bell names to the replica woken)
-local function ring(bells, to, id)
+-- ring the doorbells of the agents named in `to` (names joined by "\n") for entry `id`: the id
+-- appended to each agent's bell, `bells` .. name, a list of the entry ids rung for it that no
+-- wait has taken yet; and, when that bell was empty, one item ('') in its wakeup list,
+-- `wakeups` .. name, which is what the agent's waits block on (BLPOP). The prefixes are keys
+-- of the script's KEYS; every bell carries the channel's hash tag. A message thus wakes its
+-- recipients only, one replica each, and wake.lua hands the entries the bell names to the
+-- replica woken. While a bell holds ids, later rings only append (the one wakeup stands for
+-- them all): a list of one short item is about 160 B, where a stream node is 4 KiB.
+local function ring(bells, wakeups, to, id)
   if not string.find(to, '\n', 1, true) then
-    redis.call('XADD', bells .. to, '*', 'i', id)
+    if redis.call('RPUSH', bells .. to, id) == 1 then redis.call('RPUSH', wakeups .. to, '') end
     return
   end
-  for name in string.gmatch(to, '[^\n]+') do redis.call('XADD', bells .. name, '*', 'i', id) end
+  for name in string.gmatch(to, '[^\n]+') do
+    if redis.call('RPUSH', bells .. name, id) == 1 then redis.call('RPUSH', wakeups .. name, '') end
+  end
 end
 
 -- replay record of signed entries: did an entry before `id` carry the (key, nonce) of its

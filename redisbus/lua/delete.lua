@@ -2,7 +2,7 @@
 --
 -- KEYS[1] meta  KEYS[2] status  KEYS[3] inbox  KEYS[4] beat
 -- KEYS[5..] rest: every other key of the channel (stream, members, ... : ChannelKeys, all of
---           them) and the members' doorbells
+--           them) and the members' doorbells and wakeup lists
 -- ARGV[1] force: "1" to delete it even while it is in use
 --
 -- returns {0, code, message}   refused: unknown_channel, or not_permitted while in use

@@ -3,6 +3,7 @@
 --
 -- KEYS[1] stream  KEYS[2] members  KEYS[3] parents  KEYS[4] status
 -- KEYS[5] ids     KEYS[6] inbox    KEYS[7] beat     KEYS[8] bell: the agent's
+-- KEYS[9] wakeup: the agent's (what its waits block on)
 -- ARGV[1] agent: its name   ARGV[2] id: the agent id its join returned
 -- ARGV[3] replica: its replica
 --
@@ -15,8 +16,8 @@
 -- beats (another process attached to it). The checks and the removal are one script, so
 -- nothing can slip in between them.
 
-local stream, members, parents, status, ids, inbox, beat, bell =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local stream, members, parents, status, ids, inbox, beat, bell, wakeup =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local name, id, replica = ARGV[1], ARGV[2], ARGV[3]
 
 local rec = redis.call('HGET', members, name)
@@ -46,7 +47,7 @@ for i = 1, #flat, 2 do
 end
 
 pcall(redis.call, 'XGROUP', 'DESTROY', stream, name)
-redis.call('DEL', bell)
+redis.call('DEL', bell, wakeup)
 if redis.call('HGET', ids, id) == name then redis.call('HDEL', ids, id) end
 redis.call('HDEL', members, name)
 redis.call('HDEL', parents, name)

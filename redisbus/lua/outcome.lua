@@ -3,6 +3,7 @@
 --
 -- KEYS[1] stream  KEYS[2] parents  KEYS[3] status  KEYS[4] inbox
 -- KEYS[5] bells: the bell prefix (the doorbells of the agents it writes to: see ring)
+-- KEYS[6] wakeups: the wakeup prefix (what their waits block on)
 -- ARGV[1] op: "complete" | "fail" | "cancel" | "lost"
 -- ARGV[2] actor: the agent calling (for "cancel", the parent; otherwise the agent itself)
 -- ARGV[3] target agent   ARGV[4] text: summary, error or reason
@@ -25,7 +26,8 @@
 -- Only the subtree root's outcome reaches a surviving parent; the descendants' parents are
 -- themselves cancelled. Outcomes and control messages bypass caps and rates: they are never lost.
 
-local stream, parents, status, inbox, bells = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local stream, parents, status, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local bells, wakeups = KEYS[5], KEYS[6]
 local op, actor, target, text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local outcome_sig, control_sig, sig_ts = ARGV[5] or '', ARGV[6] or '', ARGV[7] or ''
 local function signed(fields, sig)
@@ -96,7 +98,7 @@ if #wake > 0 then
   control_id = redis.call('XADD', stream, '*', unpack(signed({'f', actor,
     't', table.concat(wake, '\n'), 'b', text, 's', 'cancel', 'k', 'control'}, control_sig)))
   for _, w in ipairs(wake) do redis.call('HINCRBY', inbox, w, 1) end
-  ring(bells, table.concat(wake, '\n'), control_id)
+  ring(bells, wakeups, table.concat(wake, '\n'), control_id)
 end
 
 -- the outcome, attributed to the target, to a parent that can still receive it
@@ -107,7 +109,7 @@ if parent ~= '' and new_status then
     outcome_id = redis.call('XADD', stream, '*', unpack(signed({'f', target, 't', parent,
       'b', text, 's', new_status, 'k', 'outcome'}, outcome_sig)))
     redis.call('HINCRBY', inbox, parent, 1)
-    ring(bells, parent, outcome_id)
+    ring(bells, wakeups, parent, outcome_id)
   end
 end
 return {1, outcome_id, control_id, #victims}

@@ -2,6 +2,7 @@
 --
 -- KEYS[1] stream  KEYS[2] members  KEYS[3] parents  KEYS[4] status
 -- KEYS[5] ids     KEYS[6] inbox    KEYS[7] beat     KEYS[8] bell: the agent's
+-- KEYS[9] wakeup: the agent's (what its waits block on)
 -- ARGV[1] agent name   ARGV[2] force: "1" to remove it even while it holds work
 --
 -- returns {0, code, message}   refused: unknown_agent, or not_permitted while it holds work
@@ -16,8 +17,8 @@
 -- recipients, and the janitor trims them as usual. Its children keep its name as their
 -- parent: a later member of that name is their parent again.
 
-local stream, members, parents, status, ids, inbox, beat, bell =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local stream, members, parents, status, ids, inbox, beat, bell, wakeup =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local name, force = ARGV[1], ARGV[2] == '1'
 
 local rec = redis.call('HGET', members, name)
@@ -62,7 +63,7 @@ if not force and (undone > 0 or pending > 0 or #open > 0 or live > 0) then
 end
 
 pcall(redis.call, 'XGROUP', 'DESTROY', stream, name)
-redis.call('DEL', bell)
+redis.call('DEL', bell, wakeup)
 local okj, r = pcall(cjson.decode, rec)
 if okj and type(r) == 'table' and type(r.id) == 'string' and redis.call('HGET', ids, r.id) == name then
   redis.call('HDEL', ids, r.id)

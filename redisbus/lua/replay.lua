@@ -3,6 +3,7 @@
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] dlq  KEYS[4] status
 -- KEYS[5] bells: the bell prefix (the recipient's doorbell: see ring)
+-- KEYS[6] wakeups: the wakeup prefix (what its waits block on)
 -- ARGV[1] dead: the dead-letter entry id
 -- ARGV[2] sig: the replay's signature ("" with signing off; optional, as ARGV[3])
 -- ARGV[3] signed_at: its signing time (ms) or ""
@@ -17,7 +18,7 @@
 -- mode "replay", for the recipient) over the same content, fresh: receivers check both
 -- (_signing.Signer.check), so a replay is neither stale nor a copy, and still the sender's.
 
-local stream, inbox, dlq, status, bells = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local stream, inbox, dlq, status, bells, wakeups = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local dead_id = ARGV[1]
 local e = redis.call('XRANGE', dlq, dead_id, dead_id)[1]
 if not e then return {0, 'invalid_input', 'no dead letter ' .. dead_id} end
@@ -48,6 +49,6 @@ if (ARGV[2] or '') ~= '' then
 end
 local id = redis.call('XADD', stream, '*', unpack(fields))
 redis.call('HINCRBY', inbox, recipient, 1)
-ring(bells, recipient, id)
+ring(bells, wakeups, recipient, id)
 redis.call('XDEL', dlq, dead_id)
 return {1, id, recipient}

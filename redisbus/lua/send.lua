@@ -5,6 +5,7 @@
 -- KEYS[9] limits: the string where older versions cached meta's limits (the cache is the
 --         rate hash's '#lim' field now); deleted when the cache is refilled
 -- KEYS[10] bells: the bell prefix; each recipient's doorbell is this key and its name (ring)
+-- KEYS[11] wakeups: the wakeup prefix, the same for what the recipients' waits block on
 -- ARGV[1..] messages: one or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
@@ -55,8 +56,9 @@ local call, tonumber, tostring, find, match = redis.call, tonumber, tostring, st
   string.match
 local floor, unpack, type = math.floor, unpack, type
 
-local stream, meta, parents, status, ids, inbox, rate, idem, lim, bells =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local stream, meta, parents, status, ids, inbox, rate, idem, lim, bells, wakeups =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
+  KEYS[11]
 local NF = 14
 local count = #ARGV / NF
 if count < 1 or count ~= floor(count) then
@@ -92,7 +94,7 @@ local function append(base, to, depth, chain, broadcast)
   if cause ~= '' then f[n + 1], f[n + 2], n = 'u', cause, n + 2 end
   if broadcast then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
   local id = call('XADD', stream, '*', unpack(f, 1, n))
-  ring(bells, to, id)
+  ring(bells, wakeups, to, id)
   return id
 end
 

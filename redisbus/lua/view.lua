@@ -6,6 +6,7 @@
 -- KEYS[6] dlq  KEYS[7] rate  KEYS[8] meta (a read past max_deliveries dead-letters, as
 --   claim.lua does)
 -- KEYS[9] bell: the agent's doorbell; what a read fetches is no longer for its waits to take
+-- KEYS[10] wakeup: the agent's (it goes with the last id of the bell)
 -- ARGV[1]  agent (its group)   ARGV[2] consumer (replica)
 -- ARGV[3]  pull: "1" to fetch new entries first (read) — entries not addressed to the agent are
 --          acknowledged at once, the others stay pending until done; "0": change nothing (list)
@@ -45,7 +46,7 @@
 -- one. Work is bounded: at most 20000 entries fetched and 20000 examined per call.
 
 local stream, inbox, marks = KEYS[1], KEYS[2], KEYS[3]
-local dlq, rate, meta, bell = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local dlq, rate, meta, bell, wakeup = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local agent, consumer, pull, mark_read = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
 local after, limit, unread_only = ARGV[5], tonumber(ARGV[6]), ARGV[7] == '1'
 local f_from, f_to, f_subject, scope = ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -149,13 +150,15 @@ if pull then
     if #entries < 1000 then break end
     if fetched >= CAP then more = 1 break end
   end
-  if mine_n > 0 then -- their bell entries go (a bell is in stream order: they lead it)
-    local rings = redis.call('XRANGE', bell, '-', '+', 'COUNT', 2 * mine_n + 8)
-    local gone = {}
-    for _, r in ipairs(rings) do
-      if fetched_mine[field(r[2], 'i') or ''] then gone[#gone + 1] = r[1] end
+  if mine_n > 0 then -- their ids leave the bell (it is in stream order: they lead it)
+    local rings = redis.call('LRANGE', bell, 0, 2 * mine_n + 7)
+    local k = 0
+    while k < #rings and fetched_mine[rings[k + 1]] do k = k + 1 end
+    if k > 0 then redis.call('LTRIM', bell, k, -1) end
+    for i = k + 1, #rings do -- past a raw write into the bell: one by one
+      if fetched_mine[rings[i]] then redis.call('LREM', bell, 1, rings[i]) end
     end
-    if gone[1] then redis.call('XDEL', bell, unpack(gone)) end
+    if redis.call('EXISTS', bell) == 0 then redis.call('DEL', wakeup) end
   end
 end
 if limit == 0 then return {now, 0, more, ''} end

@@ -1,11 +1,15 @@
 -- wake.lua: hand a replica the entries its agent's doorbell names: the fetch of the wait path.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] status  KEYS[5] bell (the agent's)
--- KEYS[6] nonces (hash "kid:nonce" -> the first entry id that carried it)
--- KEYS[7] nonce_at (sorted set "kid:nonce" by the ms it was recorded: what to forget)
---         (KEYS[6] and KEYS[7] are read only with KEEP_MS > 0: a caller with signing off may
+-- KEYS[6] wakeup (the agent's: what its waits block on)
+-- KEYS[7] nonces (hash "kid:nonce" -> the first entry id that carried it)
+-- KEYS[8] nonce_at (sorted set "kid:nonce" by the ms it was recorded: what to forget)
+--         (KEYS[7] and KEYS[8] are read only with KEEP_MS > 0: a caller with signing off may
 --         leave them out)
 -- ARGV[1] agent (its group)   ARGV[2] consumer (the replica)   ARGV[3] keep: KEEP_MS, or 0
+-- ARGV[4] blocked: "1" when the call follows the wait's blocking pop of the wakeup list (it
+--         took the wakeup, or there was none), "0" when it does not (the wakeup is stale
+--         once the bell is empty: it goes)
 --
 -- returns {seconds, microseconds, {replayed entry ids} or false, status or false, entries}
 --   the Redis clock; the entries rejected as copies of earlier signed entries; the agent's
@@ -18,9 +22,11 @@
 -- for every entry anyone sent, and each agent read and acknowledged entries that were not for
 -- it: a channel of n waiting agents paid n wake-ups for one direct message. Instead, whatever
 -- writes an entry to agents (send.lua, outcome.lua, replay.lua) rings each recipient's bell,
--- in the same script: an entry {i = entry id} in the recipient's bell stream. A wait blocks on
--- its own bell (XREAD BLOCK: a read, so it works at maxmemory too) and then calls this, which
--- takes up to 500 of the bell's entries (deleting them), claims the entries they name into the
+-- in the same script: the entry id appended to the recipient's bell (a list), and one item in
+-- its wakeup list when the bell was empty (see ring in _prelude.lua). A wait blocks on its own
+-- wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica is woken per
+-- wakeup) and then calls this, in the same pipeline, which pops up to 500 of the bell's ids
+-- (one LPOP; a wakeup is put back for the rest), claims the entries they name into the
 -- replica's pending list (XCLAIM ... FORCE: a group read is never made, so no other agent's
 -- entry is handed over), and marks them read. The claim moves the group's cursor past them:
 -- every entry up to there addressed to the agent was rung and is taken now, so read()'s fetch
@@ -35,27 +41,33 @@
 -- (noeviction) read marks and the status are skipped (see soft): taking from a bell frees.
 
 local stream, inbox, marks, status, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local nonces, nonce_at = KEYS[6], KEYS[7]
+local wakeup, nonces, nonce_at = KEYS[6], KEYS[7], KEYS[8]
 local agent, consumer, keep = ARGV[1], ARGV[2], tonumber(ARGV[3] or '') or 0
+local blocked = ARGV[4] == '1'
 local t = redis.call('TIME')
-local rings = redis.call('XRANGE', bell, '-', '+', 'COUNT', 500)
+local rings = redis.call('LPOP', bell, 500) or {}
 local nr = #rings
+if nr == 500 then -- more are rung: the next wait is woken for them at once
+  if redis.call('LLEN', wakeup) == 0 and redis.call('LLEN', bell) > 0 then
+    soft('RPUSH', wakeup, '')
+  end
+elseif not blocked then -- no wait took the wakeup the bell's ids rang: it is stale now
+  redis.call('DEL', wakeup)
+end
 if nr == 0 then return {t[1], t[2], false, redis.call('HGET', status, agent) or false, {}} end
 local now_s = time_text(t) -- marks carry it as text
 local now = tonumber(now_s)
 
 -- the entry ids the bell names, each once (a stream id within Redis's range)
-local want, seen, rung = {}, {}, {}
+local want, seen = {}, {}
 for i = 1, nr do
-  rung[i] = rings[i][1]
-  local id = field(rings[i][2], 'i')
+  local id = rings[i]
   local ms, seq = string.match(id or '', '^(%d+)%-(%d+)$')
   if ms and #ms <= 15 and #seq <= 19 and not seen[id] then
     seen[id] = true
     want[#want + 1] = id
   end
 end
-redis.call('XDEL', bell, unpack(rung))
 
 -- those never handed out before: no mark (one HMGET for them all)
 local fresh = {}

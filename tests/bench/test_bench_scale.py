@@ -70,11 +70,13 @@ def test_scale_model_costs_the_same_per_message_on_one_server_and_a_cluster(
     # on the Cluster, whose client sends each call to the primary of its slot (no COMMAND
     # GETKEYS, no clock read apart)
     assert run3.redirects == 0
-    for name in ("XADD", "HINCRBY", "HSETNX", "GET", "HGET", "HMGET", "HSET"):
+    for name in ("XADD", "RPUSH", "HINCRBY", "HSETNX", "GET", "HGET", "HMGET", "HSET"):
         per_msg = [run.calls.get(name, 0) / run.messages for run in (run1, run3)]
         assert per_msg[0] == pytest.approx(per_msg[1], rel=0.05), (name, per_msg)
-    # two entries per message: the message and its recipient's doorbell
-    assert run1.calls["XADD"] == 2 * run1.messages and run3.calls["XADD"] == 2 * run3.messages
+    # one entry per message, and two pushes: its id on its recipient's doorbell and the wakeup
+    # (the bell was empty: its recipient's wait had taken what was rung before)
+    assert run1.calls["XADD"] == run1.messages and run3.calls["XADD"] == run3.messages
+    assert run1.calls["RPUSH"] == 2 * run1.messages and run3.calls["RPUSH"] == 2 * run3.messages
     assert "COMMAND|GETKEYS" not in run1.calls and "COMMAND|GETKEYS" not in run3.calls
     assert "EVAL" not in run3.calls
     assert m["one_cmds"] == run1.commands_per_msg and m["cluster_cmds"] == run3.commands_per_msg

@@ -323,9 +323,9 @@ def logged(tmp_path: Any) -> Any:
 
 
 WAKE_UP = ["settle s", "wake", "done"]  # "waiting" before the read, the hand-out after, done
-#: what wait() sends, in one trip: the "waiting" status, the blocking read of the agent's bell,
-#: wake.lua (whose reply carries the entries and the Redis clock: no TIME of its own)
-WAIT_TRIP = ["SCRIPT", "XREAD", "SCRIPT"]  # SCRIPT: a script call, FCALL or EVALSHA
+#: what wait() sends, in one trip: the "waiting" status, the blocking pop of the agent's wakeup
+#: list, wake.lua (whose reply carries the entries and the Redis clock: no TIME of its own)
+WAIT_TRIP = ["SCRIPT", "BLPOP", "SCRIPT"]  # SCRIPT: a script call, FCALL or EVALSHA
 
 
 def _calls(names: list[str]) -> list[str]:
@@ -373,13 +373,13 @@ def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
         assert b.receipt(got[0])[0].status == "done"
 
 
-#: what wake.lua runs on the server for one message addressed to the agent: the clock, its
-#: bell's entries, their deletion, the marks of what they name (none: never handed out), the
+#: what wake.lua runs on the server for one message addressed to the agent: the clock, the pop
+#: of its bell's ids, the marks of what they name (none: never handed out), the
 #: claim of the entry into the replica's pending list (which returns it and moves the group's
 #: cursor past it), its read mark, and the status "waiting" -> "running". It is in the
 #: wake-up's path (the read's reply leaves the server after it), so growing it slows every
 #: wake-up.
-WAKE_OP = ["TIME", "XRANGE", "XDEL", "HMGET", "XCLAIM", "HSET", "HGET", "HSET"]
+WAKE_OP = ["TIME", "LPOP", "HMGET", "XCLAIM", "HSET", "HGET", "HSET"]
 
 
 def _ran(r: redis.Redis) -> list[str]:
@@ -394,7 +394,7 @@ def _ran(r: redis.Redis) -> list[str]:
     return out
 
 
-def test_a_wake_up_runs_eight_server_commands(logged: Server) -> None:
+def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
     # given: a receiver through its first cycles, and a message waiting for it
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
@@ -404,21 +404,21 @@ def test_a_wake_up_runs_eight_server_commands(logged: Server) -> None:
         # when: it waits
         got = b.wait(timeout=1).messages
         ran = _ran(r)
-        # then: after the bell's read, wake.lua ran exactly these commands, and the message
+        # then: after the wakeup's pop, wake.lua ran exactly these commands, and the message
         # was read on the server before wait() returned
         assert [m.body for m in got] == ["hello"]
-        read = ran.index("XREAD")
+        read = ran.index("BLPOP")
         assert _calls(ran[read + 1 :]) == [f"lua:{c}" for c in WAKE_OP] + ["SCRIPT"]
         assert b.receipt(got[0])[0].status == "read"
         # and with signing off it was not handed the replay check's two keys (wake.lua reads
-        # them only with signing on): stream, inbox, marks, status, bell
+        # them only with signing on): stream, inbox, marks, status, bell, wakeup
         sha = bus._io.sha["wake"]
         wake = [
             e["command"].split()
             for e in r.slowlog_get(1000)
             if e["command"].split()[1:2] == [sha.encode()]
         ]
-        assert wake and all(cmd[2] == b"5" for cmd in wake)
+        assert wake and all(cmd[2] == b"6" for cmd in wake)
 
 
 @pytest.mark.parametrize("others", [1, 30])
@@ -430,7 +430,7 @@ def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> Non
         ch = bus.channel(f"lane-others-{others}", **OPEN)
         a, b = _past_one_cycle(ch)
         c = ch.join("c")
-        waiting = b.wait(timeout=0.2)  # (b waits on its bell: the others' sends never wake it)
+        waiting = b.wait(timeout=0.2)  # (b waits on its own wakeup: others' sends never wake it)
         assert waiting.kind == "timeout"
         for i in range(others):
             a.send("c", f"not for b {i}")
@@ -442,7 +442,7 @@ def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> Non
         # then: it ran the commands of one message whatever the others' number: its group
         # never read, held or acknowledged an entry of theirs
         assert [m.body for m in got] == ["hello"]
-        read = ran.index("XREAD")
+        read = ran.index("BLPOP")
         assert ran[read + 1 : -1] == [f"lua:{c}" for c in WAKE_OP]
         assert r.xpending(b._keys.stream, "b")["pending"] == 1
         assert b.receipt(got[0])[0].status == "read"
@@ -459,15 +459,13 @@ def test_a_bell_naming_anothers_entry_hands_nothing_over(logged: Server) -> None
         c = ch.join("c")
         for_c = a.send("c", "for c").id
         bell = b._keys.bell("b")
-        r.xadd(bell, {"i": for_c})
-        r.xadd(bell, {"i": for_c})
-        r.xadd(bell, {"i": "99999999999999999999-1"})
-        r.xadd(bell, {"zz": "x"})
+        r.rpush(bell, for_c, for_c, "99999999999999999999-1", "zz")
+        r.rpush(b._keys.wakeup("b"), "")
         # when: b waits
         res = b.wait(timeout=0.5)
         # then: nothing is handed to b, its bell is empty, and c's message is still c's
         assert res.kind == "timeout"
-        assert r.xlen(bell) == 0
+        assert r.llen(bell) == 0
         assert r.xpending(b._keys.stream, "b")["pending"] == 0
         assert [m.body for m in c.wait(timeout=1).messages] == ["for c"]
 

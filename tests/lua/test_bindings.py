@@ -102,7 +102,7 @@ def calls() -> dict[str, b.Call]:
         "settle": b.settle(b.SETTLE.keys_of(K), "a", ["d", "1-1"]),
         "sweep": b.sweep(K, 1, 2, 3, 4, 5, 6),
         "view": b.view(K, "a", [""] * 11, 0),
-        "wake": b.wake(b.wake_keys(K, "a", True), "a", "r", 0),
+        "wake": b.wake(b.wake_keys(K, "a", True), "a", "r", 0, True),
     }
 
 
@@ -112,9 +112,10 @@ def test_every_builder_makes_a_call_its_script_takes() -> None:
     for name, call in made.items():
         assert call.script == name
         assert all(isinstance(k, str) and k.startswith("rb:{c}:") for k in call.keys), name
-    assert made["leave"].keys[-1] == K.bell("a")  # the agent's own doorbell
-    assert K.bell("a") in made["delete"].keys and K.bell("b") in made["delete"].keys
-    assert len(b.wake_keys(K, "a", False)) == 5  # the replay record only with signing on
+    assert made["leave"].keys[-2:] == [K.bell("a"), K.wakeup("a")]  # the agent's own doorbell
+    for agent in ("a", "b"):
+        assert {K.bell(agent), K.wakeup(agent)} <= set(made["delete"].keys)
+    assert len(b.wake_keys(K, "a", False)) == 6  # the replay record only with signing on
 
 
 @pytest.mark.parametrize(

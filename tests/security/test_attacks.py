@@ -108,11 +108,12 @@ def snapshot(raw: Any, ch: Any) -> dict[str, Any]:
 def forge(raw: Any, ch: Any, fields: Any) -> str:
     """XADD ``fields`` to the channel's stream and ring the doorbell of each agent they
     address, as an attacker with raw write access does to reach a waiting agent (a wait
-    blocks on its bell: an entry no bell names is never handed to it)."""
+    blocks on its wakeup and is handed what its bell names: an entry no bell names is never
+    handed to it)."""
     entry_id = str(raw.xadd(ch.keys.stream, fields))
     for name in str(fields.get("t", "")).split("\n"):
-        if name:
-            raw.xadd(ch.keys.bell(name), {"i": entry_id})
+        if name and raw.rpush(ch.keys.bell(name), entry_id) == 1:
+            raw.rpush(ch.keys.wakeup(name), "")
     return entry_id
 
 

@@ -31,7 +31,8 @@ def forge(server: Server, ch: Any, sender: str, to: str, body: str, sig: str = "
         fields.update({"g": sig, "n": "1"})
     r = server.client()
     entry_id = str(r.xadd(ch.keys.stream, fields))
-    r.xadd(ch.keys.bell(to), {"i": entry_id})
+    if r.rpush(ch.keys.bell(to), entry_id) == 1:
+        r.rpush(ch.keys.wakeup(to), "")
     return entry_id
 
 
