@@ -81,12 +81,24 @@ def test_one_message_wakes_one_of_two_blocked_replicas_and_is_handed_over_once(
         while len([c for c in r.client_list() if c["cmd"] == "blpop"]) < 2:
             assert time.monotonic() < deadline, "both replicas block on the wakeup list"
             time.sleep(0.01)
+        r.config_resetstat()
         # when: one message is sent to b
         a.send("b", "once")
+        deadline = time.monotonic() + 2
+        while not results:
+            assert time.monotonic() < deadline, "a replica is woken at once"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        # then: while the woken replica has returned, the other still blocks in its pop, and
+        # the server ran two scripts: the send and one wake-up (a second replica woken would
+        # have run its wake.lua too)
+        assert len([c for c in r.client_list() if c["cmd"] == "blpop"]) == 1
+        stats: dict[str, Any] = r.info("commandstats")
+        verb = one._io.verb.lower()
+        assert int(stats[f"cmdstat_{verb}"]["calls"]) == 2, stats
         for t in threads:
             t.join(10)
-        # then: exactly one replica got it, at once; the other was not woken by it and
-        # returned empty at its timeout
+        # and exactly one replica got it, at once; the other returned empty at its timeout
         bodies = sorted(b for _, got in results.values() for b in got)
         assert bodies == ["once"]
         woken = [i for i, (_, got) in results.items() if got]
