@@ -85,6 +85,27 @@ def redis_ms(bus: Bus) -> int | None:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
+def moment(bus: Bus, stream: str) -> dict[str, Any]:
+    """When an event happens: the Redis clock, and the last entry on the stream by then.
+
+    The clock is read first, so every entry after ``after`` is stamped at or past ``ms``. A
+    millisecond holds several sends on a fast machine: the entry, not the clock, places an
+    event among the messages (a refusal after the panels sent in the same millisecond).
+    """
+    at: dict[str, Any] = {"ms": redis_ms(bus)}
+    try:
+        last = bus.redis.xrevrange(stream, count=1)
+    except (redis.RedisError, OSError):
+        return at
+    at["after"] = last[0][0] if last else "0-0"
+    return at
+
+
+def entry_id(value: str) -> tuple[int, int]:
+    ms, _, seq = value.partition("-")
+    return int(ms), int(seq or 0)
+
+
 # -- worker processes ---------------------------------------------------------------------------
 
 
@@ -105,9 +126,10 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     lock = threading.Lock()
     bus = Bus.from_url(url, settings=settings(url, a.host))
+    stream = bus.channel(a.channel).keys.stream
 
     def emit(event: str, **fields: Any) -> None:
-        at = {"event": event, "host": a.host, "ms": redis_ms(bus)}
+        at = {"event": event, "host": a.host, **moment(bus, stream)}
         line = json.dumps({**at, **fields}, default=str)
         with lock:
             sys.stdout.write(line + "\n")
@@ -206,8 +228,10 @@ class Transcript:
     on the Redis clock, each stamped with its moment.
 
     ``message()`` and ``event()`` queue a line; ``flush(upto_ms)`` prints those up to that
-    moment (all of them without one). At the same millisecond an event goes first: what a
-    worker reports (a join, a refusal, a note) comes before what it sends next.
+    moment (all of them without one). An event that names the last entry on the stream when
+    it happened (``after``) prints right after that entry, so a refusal follows the panels
+    sent in its millisecond and a join precedes what its agent sends next; events after the
+    same entry go in clock order. One without ``after`` goes first in its millisecond.
     """
 
     def __init__(self, console: Console, t0_ms: int, offset_ms: int = 0) -> None:
@@ -217,7 +241,7 @@ class Transcript:
         self.messages: list[Message] = []
         self.refusals: list[dict[str, Any]] = []
         self.errors: list[str] = []
-        self._queue: list[tuple[int, int, int, Message | dict[str, Any]]] = []
+        self._queue: list[tuple[int, int, int, int, int, Message | dict[str, Any]]] = []
         self._order = itertools.count()
 
     def now_ms(self) -> int:
@@ -229,8 +253,8 @@ class Transcript:
 
     def message(self, m: Message) -> None:
         self.messages.append(m)
-        ms = int(m.created_at.timestamp() * 1000)
-        heapq.heappush(self._queue, (ms, 1, next(self._order), m))
+        ms, seq = entry_id(m.id)
+        heapq.heappush(self._queue, (ms, seq, 1, ms, next(self._order), m))
 
     def event(self, e: dict[str, Any]) -> None:
         if e.get("event") == "refused":
@@ -239,11 +263,16 @@ class Transcript:
             self.errors.append(f"{e['agent']}: {e['error']}")
         ms = e.get("ms")
         at = int(ms) if isinstance(ms, int | float) else self.now_ms()
-        heapq.heappush(self._queue, (at, 0, next(self._order), e))
+        after = e.get("after")
+        if isinstance(after, str):  # right after that entry
+            place_ms, seq, rank = *entry_id(after), 2
+        else:  # first in its millisecond
+            place_ms, seq, rank = at, -1, 0
+        heapq.heappush(self._queue, (place_ms, seq, rank, at, next(self._order), e))
 
     def flush(self, upto_ms: int | None = None) -> None:
         while self._queue and (upto_ms is None or self._queue[0][0] <= upto_ms):
-            ms, _, _, item = heapq.heappop(self._queue)
+            *_, ms, _, item = heapq.heappop(self._queue)
             if isinstance(item, Message):
                 self._print_message(ms, item)
             else:
@@ -356,7 +385,7 @@ def _produce(con: Console, bus: Bus, url: str, procs: int, pace: float) -> None:
         return len(ch.members()) == 1 + len(CHILDREN)
 
     def report(event: str, **fields: Any) -> None:
-        events.put({"event": event, "ms": redis_ms(bus), **fields})
+        events.put({"event": event, **moment(bus, ch.keys.stream), **fields})
 
     def run_director() -> None:
         try:

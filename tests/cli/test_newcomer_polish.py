@@ -120,9 +120,9 @@ def test_console_refuses_bad_options_with_one_line_and_exit_2(
 # -- the demo's transcript ------------------------------------------------------------------
 
 
-def message(entry_ms: int, sender: str, subject: str) -> Message:
+def message(entry_ms: int, sender: str, subject: str, seq: int = 0) -> Message:
     return Message(
-        id=f"{entry_ms}-0",
+        id=f"{entry_ms}-{seq}",
         channel="neon",
         sender=sender,
         to=("director",),
@@ -152,6 +152,31 @@ def test_transcript_prints_an_event_that_arrives_late_before_later_messages() ->
     text = buf.getvalue()
     assert text.index("read 3 messages") < text.index("[panel 1]") < text.index("[panel 2]")
     assert stamps(text) == [1.59, 1.61, 1.64]
+
+
+def test_transcript_places_an_event_after_the_entries_sent_in_its_millisecond() -> None:
+    # given: a fast machine, where the storyboard sends panels 1 to 3 and is refused panel 4
+    # inside one millisecond of the Redis clock; its join came in the millisecond of its
+    # first send, which it preceded
+    buf = io.StringIO()
+    view = Transcript(Console(file=buf, width=200, highlight=False), t0_ms=1_000_000)
+    for seq, subject in enumerate(("panel 1", "panel 2", "panel 3")):
+        view.message(message(1_001_500, "storyboard", subject, seq))
+    refused: dict[str, object] = {"agent": "storyboard", "to": "director", "subject": "panel 4"}
+    refused |= {"code": "rate_limited", "error": "limit 3", "ms": 1_001_500}
+    view.event({"event": "refused", **refused, "after": "1001500-2"})
+    view.message(message(1_000_100, "writer", "script v1"))
+    view.event({"event": "joined", "agent": "writer", "host": "b", "ms": 1_000_100, "after": "0-0"})
+
+    # when: the transcript catches up
+    view.flush()
+
+    # then: each event sits where it happened among the entries, and the stamps still rise
+    text = buf.getvalue()
+    order = ["joined from b", "[script v1]", "[panel 1]", "[panel 2]", "[panel 3]", "[panel 4]"]
+    positions = [text.index(line) for line in order]
+    assert positions == sorted(positions), text
+    assert stamps(text) == sorted(stamps(text))
 
 
 def test_transcript_holds_back_only_what_may_still_be_overtaken() -> None:
