@@ -2,8 +2,9 @@
 -- the channel's rate hash, the text rules and the routing rule. Not a script: see
 -- _prelude.lua (one paragraph per helper, each after the helpers it calls; a helper touches
 -- only the keys its caller passes in). A helper sees only its arguments and its own memo (the
--- locals of its paragraph, made anew on every call of the script): the script passes it the
--- clock, the channel's limits and the tables it keeps.
+-- locals of its paragraph: made anew on every call of a script run on its own, kept from call
+-- to call in a Functions library, so a memo holds only what its key determines): the script
+-- passes it the clock, the channel's limits and the tables it keeps.
 
 -- The channel's limits and pause switch from the copy send.lua packs in the rate hash's
 -- '#lim' field (`cfg`), as a list: 1 routing, 2 siblings ('1' or ''), 3 inbox_cap,
@@ -12,11 +13,22 @@
 -- 12 dampen_turns, 13 dampen_window (ms), 14 auto_reply_deny, 15 paused (1 or 0),
 -- 16 max_chain_messages. JSON text on Redis (one C call, numbers already numbers); the
 -- in-memory test double (fakeredis, whose cjson is not Redis') keeps it tab-separated.
+-- The list is read only: a Functions library keeps it from call to call, one per text (a
+-- fleet's channels mostly share theirs; up to 64, then it starts again), so most sends
+-- parse no JSON at all.
+local limits_memo, limits_kept = {}, 0
 local function limits_of(cfg)
-  if cmsgpack then return cjson.decode(cfg) end
-  local l = {string.match(cfg, '^' .. string.rep('([^\t]*)\t', 15) .. '(.*)$')}
-  for i = 3, 13 do l[i] = tonumber(l[i]) end
-  l[15], l[16] = tonumber(l[15]), tonumber(l[16])
+  local l = limits_memo[cfg]
+  if l then return l end
+  if cmsgpack then
+    l = cjson.decode(cfg)
+  else
+    l = {string.match(cfg, '^' .. string.rep('([^\t]*)\t', 15) .. '(.*)$')}
+    for i = 3, 13 do l[i] = tonumber(l[i]) end
+    l[15], l[16] = tonumber(l[15]), tonumber(l[16])
+  end
+  if limits_kept == 64 then limits_memo, limits_kept = {}, 0 end
+  limits_memo[cfg], limits_kept = l, limits_kept + 1
   return l
 end
 

@@ -121,7 +121,7 @@ end
 -- pending
 local function reject(stream, inbox, marks, agent, id, reason, now_s)
   if redis.call('XACK', stream, agent, id) == 1 then
-    redis.call('HINCRBY', inbox, agent, -1)
+    redis.call('HINCRBY', inbox, agent, '-1')
     redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now_s .. ':' .. reason)
     return 1
   end

@@ -13,7 +13,9 @@
 -- A done mark keeps the read and delivery times: "D<done_ms>:<read_ms>:<delivered_ms>:<result>".
 
 local stream, inbox, marks, agent, result = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
-local now = now_ms()
+-- the clock as a number and as text: the mark is written from text (Lua turns a number into
+-- text with a printf of a float, the costliest step of this script when it did)
+local now, now_s = clock()
 
 local function addressed_here(id) -- is entry `id` addressed to the agent?
   local e = redis.call('XRANGE', stream, id, id)[1]
@@ -25,7 +27,7 @@ local flags, plan, refused = {}, {}, false
 for i = 3, #ARGV do
   local id = ARGV[i]
   local mark = redis.call('HGET', marks, id .. '\n' .. agent) or ''
-  local pel = redis.call('XPENDING', stream, agent, id, id, 1)[1]
+  local pel = redis.call('XPENDING', stream, agent, id, id, '1')[1]
   local kind = string.sub(mark, 1, 1)
   if kind == 'D' then
     flags[#flags + 1] = 0
@@ -55,13 +57,14 @@ end
 -- second pass: every id is fine, act
 for _, p in ipairs(plan) do
   local id, mark, pel = p[1], p[2], p[3]
-  local delivered = now - tonumber(pel[3])
+  local idle = pel[3] -- ms since the delivery: the delivery is that long before now
+  local delivered = idle == 0 and now_s or string.format('%d', now - tonumber(idle))
   local read = ''
   if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
-  if read == '' then read = tostring(now) end
+  if read == '' then read = now_s end
   redis.call('XACK', stream, agent, id)
-  redis.call('HINCRBY', inbox, agent, -1)
+  redis.call('HINCRBY', inbox, agent, '-1')
   redis.call('HSET', marks, id .. '\n' .. agent,
-    'D' .. now .. ':' .. read .. ':' .. delivered .. ':' .. result)
+    'D' .. now_s .. ':' .. read .. ':' .. delivered .. ':' .. result)
 end
 return flags

@@ -45,7 +45,7 @@ local wakeup, nonces, nonce_at = KEYS[6], KEYS[7], KEYS[8]
 local agent, consumer, keep = ARGV[1], ARGV[2], tonumber(ARGV[3] or '') or 0
 local blocked = ARGV[4] == '1'
 local t = redis.call('TIME')
-local rings = redis.call('LPOP', bell, 500) or {}
+local rings = redis.call('LPOP', bell, '500') or {}
 local nr = #rings
 if nr == 500 then -- more are rung: the next wait is woken for them at once
   if redis.call('LLEN', wakeup) == 0 and redis.call('LLEN', bell) > 0 then
@@ -90,10 +90,10 @@ if fresh[1] then
   for i = 2, #fresh do
     if id_before(last, fresh[i]) then last = fresh[i] end
   end
-  local args = {'XCLAIM', stream, agent, consumer, 0}
+  local args = {'XCLAIM', stream, agent, consumer, '0'}
   for i = 1, #fresh do args[#args + 1] = fresh[i] end
   local n = #args
-  args[n + 1], args[n + 2], args[n + 3] = 'RETRYCOUNT', 1, 'FORCE'
+  args[n + 1], args[n + 2], args[n + 3] = 'RETRYCOUNT', '1', 'FORCE'
   local claimed -- (entries trimmed away since are left out)
   if redis.REDIS_VERSION then -- Redis 7+, Valkey: in the claim
     args[n + 4], args[n + 5] = 'LASTID', last
@@ -129,7 +129,7 @@ if fresh[1] then
         handed[#handed + 1] = e
         got = true
       elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired
-        redis.call('HINCRBY', inbox, agent, -1)
+        redis.call('HINCRBY', inbox, agent, '-1')
         redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
       end
     end

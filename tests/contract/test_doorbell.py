@@ -121,21 +121,53 @@ def _rung_without_wakeup(bus: Bus, r: redis.Redis, channel: str, body: str) -> A
     return b
 
 
-def test_a_lost_wakeup_delays_a_message_to_the_slice_end_and_loses_nothing(
+def test_a_wait_takes_what_is_rung_already_without_blocking_or_showing_the_wait(
     redis7: Server,
 ) -> None:
-    # given: a message rung for b, whose wakeup an attacker (or a failover) has taken away
+    # given: a message rung for b while it was busy (its wakeup gone too: an attacker or a
+    # failover took it, so only a look that does not block can find the message at once)
     r = redis7.client()
     with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as bus:
         b = _rung_without_wakeup(bus, r, "bell-lost", "still here")
-        # when: b waits one slice (its blocking pop finds no wakeup and times out)
-        b._replicas = 2  # (the 1 s slice of a shared agent, to keep the test short)
+        r.config_resetstat()
+        # when: b waits
         start = time.monotonic()
         got = b.wait(timeout=3).messages
-        # then: the message is handed over when the pop times out, not lost
+        # then: the message is handed over at once, by one script: no pop, no status written
+        # (b was running and still is)
         assert [m.body for m in got] == ["still here"]
-        assert 0.9 <= time.monotonic() - start < 2.0
+        assert time.monotonic() - start < 0.5
         assert r.llen(b._keys.bell("b")) == 0
+        calls = {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+        assert "cmdstat_blpop" not in calls and calls["cmdstat_fcall"] == 1, calls
+        assert r.hget(b._keys.status, "b") == "running"
+
+
+def test_a_wakeup_lost_while_blocked_delays_a_message_to_the_slice_end_and_loses_nothing(
+    redis7: Server,
+) -> None:
+    # given: b blocked in wait() with nothing rung
+    r = redis7.client()
+    with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        b = _rung_without_wakeup(bus, r, "bell-lost-blocked", "still here")
+        bell = b._keys.bell("b")
+        rung = str(r.lpop(bell))
+        b._replicas = 2  # (the 1 s slice of a shared agent, to keep the test short)
+        got: list[str] = []
+        start = time.monotonic()
+        t = threading.Thread(target=lambda: got.extend(m.body for m in b.wait(timeout=3).messages))
+        t.start()
+        deadline = time.monotonic() + 5
+        while not [c for c in r.client_list() if c["cmd"] == "blpop"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # when: a message is rung for it whose wakeup is lost (its bell names it, no wakeup)
+        r.rpush(bell, rung)
+        t.join(5)
+        # then: it is handed over when the pop's slice ends, not lost
+        assert got == ["still here"]
+        assert 0.9 <= time.monotonic() - start < 2.0
+        assert r.llen(bell) == 0
 
 
 def test_a_failed_fetch_makes_the_next_one_look_without_blocking(redis7: Server) -> None:
@@ -143,7 +175,9 @@ def test_a_failed_fetch_makes_the_next_one_look_without_blocking(redis7: Server)
     # a pop whose reply was lost took it)
     r = redis7.client()
     with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        b = _rung_without_wakeup(bus, r, "bell-cut", "after the cut")  # (nothing wakes b)
+        b = _rung_without_wakeup(bus, r, "bell-cut", "after the cut")
+        bell = b._keys.bell("b")
+        rung = str(r.lpop(bell))  # (rung again once b blocks: its first look finds nothing)
         got: list[str] = []
 
         def waiter() -> None:
@@ -160,6 +194,7 @@ def test_a_failed_fetch_makes_the_next_one_look_without_blocking(redis7: Server)
         while not (blocked := [c for c in r.client_list() if c["cmd"] == "blpop"]):
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        r.rpush(bell, rung)  # (nothing wakes b)
         # when: its connection is cut while it blocks
         start = time.monotonic()
         r.client_kill_filter(_id=blocked[0]["id"])

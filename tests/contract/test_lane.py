@@ -322,10 +322,13 @@ def logged(tmp_path: Any) -> Any:
     srv.stop()
 
 
-WAKE_UP = ["settle s", "wake", "done"]  # "waiting" before the read, the hand-out after, done
-#: what wait() sends, in one trip: the "waiting" status, the blocking pop of the agent's wakeup
-#: list, wake.lua (whose reply carries the entries and the Redis clock: no TIME of its own)
+WAKE_UP = ["settle s", "wake", "done"]  # "waiting" before the pop, the hand-out after, done
+#: what a wait that blocks sends, in one trip: the "waiting" status, the blocking pop of the
+#: agent's wakeup list, wake.lua (whose reply carries the entries and the Redis clock: no TIME
+#: of its own)
 WAIT_TRIP = ["SCRIPT", "BLPOP", "SCRIPT"]  # SCRIPT: a script call, FCALL or EVALSHA
+#: what a wait that finds its message rung already runs: wake.lua alone, then the done
+RUNG_UP = ["wake", "done"]
 
 
 def _calls(names: list[str]) -> list[str]:
@@ -344,33 +347,75 @@ def _past_one_cycle(ch: Any) -> tuple[Any, Any]:
     return a, b
 
 
+def _blocked(r: redis.Redis, wait: Any) -> tuple[threading.Thread, list[Any]]:
+    """``wait()`` run in a thread, returned once its blocking pop is in the server (its
+    first, non-blocking look found nothing): the thread and where its messages go."""
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.extend(wait().messages))
+    t.start()
+    _until_blocked(r)
+    return t, got
+
+
+def _until_blocked(r: redis.Redis) -> None:
+    deadline = time.monotonic() + 5
+    while not [c for c in r.client_list() if c["cmd"] == "blpop"]:
+        assert time.monotonic() < deadline, "the wait never blocked"
+        time.sleep(0.005)
+
+
 def _sent(r: redis.Redis) -> list[str]:
     """The commands clients sent since the last SLOWLOG RESET (oldest first), by name: not
     those scripts ran (logged with no client address)."""
     out = []
     for entry in reversed(r.slowlog_get(1000)):
         name = entry["command"].split()[0].decode().upper()
-        if entry.get("client_address") not in (b"?:0", "?:0") and name != "SLOWLOG":
+        if entry.get("client_address") not in (b"?:0", "?:0") and name not in (
+            "SLOWLOG",
+            "CLIENT",
+        ):
             out.append(name)
     return out
 
 
 def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
-    # given: a receiver that has been through one wait() / mark_done() cycle
+    # given: a receiver that has been through one wait() / mark_done() cycle, blocked in the
+    # next wait
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
         a, b = _past_one_cycle(bus.channel("lane-cycle", **OPEN))
-        a.send("b", "hello")
         r.slowlog_reset()
-        # when: it waits for the next message and marks it done
-        got = b.wait(timeout=1).messages
-        assert _calls(_sent(r)) == WAIT_TRIP
+        t, got = _blocked(r, lambda: b.wait(timeout=2))
+        # when: a message comes, and it marks it done
+        a.send("b", "hello")
+        t.join(5)
+        # (b's look that found nothing, its "waiting" status and pop in one trip, the send,
+        # then wake.lua, logged once the pop returned)
+        assert _calls(_sent(r)) == ["SCRIPT", "SCRIPT", "SCRIPT", "BLPOP", "SCRIPT"]
         b.mark_done(got)
         # then: the fetch's own ops marked it read and set the agent running, so nothing was
         # left for mark_done to write first (no second settle call re-marking the same entry)
         assert [m.body for m in got] == ["hello"]
-        assert _scripts_run(r, bus._io.sha) == WAKE_UP
+        assert _scripts_run(r, bus._io.sha) == ["wake", *WAKE_UP[:1], "send", *WAKE_UP[1:]]
         assert b.receipt(got[0])[0].status == "done"
+
+
+def test_a_wait_that_finds_its_message_rung_runs_one_script_then_the_done(logged: Server) -> None:
+    # given: a receiver through its first cycles, and a message rung for it while it was busy
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        a, b = _past_one_cycle(bus.channel("lane-rung", **OPEN))
+        a.send("b", "hello")
+        r.slowlog_reset()
+        # when: it waits, and marks the message done
+        got = b.wait(timeout=1).messages
+        assert _calls(_sent(r)) == ["SCRIPT"]  # one trip, one script: no status, no pop
+        b.mark_done(got)
+        # then: it was handed over, read, and done
+        assert [m.body for m in got] == ["hello"]
+        assert _scripts_run(r, bus._io.sha) == RUNG_UP
+        assert b.receipt(got[0])[0].status == "done"
+        assert r.hget(b._keys.status, "b") == "running"
 
 
 #: what wake.lua runs on the server for one message addressed to the agent: the clock, the pop
@@ -380,6 +425,9 @@ def test_a_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
 #: wake-up's path (the read's reply leaves the server after it), so growing it slows every
 #: wake-up.
 WAKE_OP = ["TIME", "LPOP", "HMGET", "XCLAIM", "HSET", "HGET", "HSET"]
+#: the same for a message found rung without blocking: the wakeup the bell's ids rang goes
+#: (no pop took it), and the agent, running, stays so (no status written)
+RUNG_OP = ["TIME", "LPOP", "DEL", "HMGET", "XCLAIM", "HSET", "HGET"]
 
 
 def _ran(r: redis.Redis) -> list[str]:
@@ -389,25 +437,26 @@ def _ran(r: redis.Redis) -> list[str]:
     for entry in reversed(r.slowlog_get(1000)):
         name = entry["command"].split()[0].decode().upper()
         inner = entry.get("client_address") in (b"?:0", "?:0")
-        if name != "SLOWLOG":
+        if name not in ("SLOWLOG", "CLIENT"):
             out.append(f"lua:{name}" if inner else name)
     return out
 
 
 def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
-    # given: a receiver through its first cycles, and a message waiting for it
+    # given: a receiver through its first cycles, blocked in wait()
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
         a, b = _past_one_cycle(bus.channel("lane-wake", **OPEN))
-        a.send("b", "hello")
+        t, got = _blocked(r, lambda: b.wait(timeout=2))
         r.slowlog_reset()
-        # when: it waits
-        got = b.wait(timeout=1).messages
+        # when: a message comes
+        a.send("b", "hello")
+        t.join(5)
         ran = _ran(r)
-        # then: after the wakeup's pop, wake.lua ran exactly these commands, and the message
-        # was read on the server before wait() returned
+        # then: after the send, wake.lua ran exactly these commands, and the message was read
+        # on the server before wait() returned
         assert [m.body for m in got] == ["hello"]
-        read = ran.index("BLPOP")
+        read = ran.index("BLPOP")  # (logged once it returned: after the send)
         assert _calls(ran[read + 1 :]) == [f"lua:{c}" for c in WAKE_OP] + ["SCRIPT"]
         assert b.receipt(got[0])[0].status == "read"
         # and with signing off it was not handed the replay check's two keys (wake.lua reads
@@ -424,7 +473,7 @@ def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
 @pytest.mark.parametrize("others", [1, 30])
 def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> None:
     # given: a channel where `others` messages between two other members came in ahead of
-    # the one for b, while b waited
+    # the one for b, while b waited or was busy
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
         ch = bus.channel(f"lane-others-{others}", **OPEN)
@@ -436,14 +485,13 @@ def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> Non
             a.send("c", f"not for b {i}")
         a.send("b", "hello")
         r.slowlog_reset()
-        # when: b wakes
+        # when: b waits
         got = b.wait(timeout=1).messages
         ran = _ran(r)
         # then: it ran the commands of one message whatever the others' number: its group
         # never read, held or acknowledged an entry of theirs
         assert [m.body for m in got] == ["hello"]
-        read = ran.index("BLPOP")
-        assert ran[read + 1 : -1] == [f"lua:{c}" for c in WAKE_OP]
+        assert _calls(ran) == [f"lua:{c}" for c in RUNG_OP] + ["SCRIPT"]  # (logged once run)
         assert r.xpending(b._keys.stream, "b")["pending"] == 1
         assert b.receipt(got[0])[0].status == "read"
         # and c still has all of its messages
@@ -478,13 +526,25 @@ async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server)
         for _ in range(2):  # (the first wait looks at its group; the first wake-up loads)
             await a.send("b", "warm up")
             await b.mark_done((await b.wait(timeout=1)).messages)
+        # a message rung while b was busy: one script
         await a.send("b", "hello")
         r.slowlog_reset()
         got = (await b.wait(timeout=1)).messages
-        assert _calls(_sent(r)) == WAIT_TRIP
+        assert _calls(_sent(r)) == ["SCRIPT"]
         await b.mark_done(got)
         assert [m.body for m in got] == ["hello"]
-        assert _scripts_run(r, bus._io.sha) == WAKE_UP
+        assert _scripts_run(r, bus._io.sha) == RUNG_UP
+        assert (await b.receipt(got[0]))[0].status == "done"
+        # a message that comes while b is blocked: the "waiting" status, the pop, wake.lua
+        r.slowlog_reset()
+        waiting = asyncio.create_task(b.wait(timeout=2))
+        await asyncio.to_thread(_until_blocked, r)
+        await a.send("b", "again")
+        got = (await waiting).messages
+        await b.mark_done(got)
+        assert [m.body for m in got] == ["again"]
+        ran = _scripts_run(r, bus._io.sha)
+        assert ran[:2] == ["wake", "settle s"] and ran[2:] == ["send", "wake", "done"], ran
         assert (await b.receipt(got[0]))[0].status == "done"
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis
 
-from redisbus import Bus, ChannelPaused
+from redisbus import Bus, ChannelPaused, InboxFull
 from tests.conftest import settings
 from tests.support.servers import Server
 
@@ -86,6 +86,45 @@ def test_configure_drops_the_cache_and_an_older_versions_copy(bus: Any, chan_nam
     ch.resume()
     assert a.send("b", "again").status == "queued"
     assert _cached(bus, ch) is not None
+
+
+@pytest.mark.parametrize("srv", ["redis7", "valkey", "redis62"])
+def test_each_channel_is_held_to_its_own_limits_by_sends_that_alternate(
+    srv: str, request: pytest.FixtureRequest
+) -> None:
+    # given more channels than the Functions library keeps parsed limits for (64), each with
+    # its own inbox cap, sent to in turn (one message to each channel, round after round)
+    server: Server = request.getfixturevalue(srv)
+    n = 70
+    with Bus.from_url(server.url, settings=settings()) as bus:
+        chans = [
+            bus.channel(f"own-{srv}-{i}", **{**OPEN, "inbox_cap": 1 + i % 7}) for i in range(n)
+        ]
+        senders = []
+        for ch in chans:
+            senders.append(ch.join("a"))
+            ch.join("b")
+        refused: dict[int, list[float | None]] = {i: [] for i in range(n)}
+        for _ in range(8):
+            for i, a in enumerate(senders):
+                try:
+                    a.send("b", "hi")
+                except InboxFull as e:
+                    refused[i].append(e.limit)
+        # and one channel's cap changed in the middle of it
+        chans[3].configure(inbox_cap=2)
+        for i, a in enumerate(senders[:10]):
+            try:
+                a.send("b", "after")
+            except InboxFull as e:
+                refused[i].append(e.limit)
+    # then each was refused at its own cap, and channel 3 at its new one
+    for i in range(n):
+        cap = 1 + i % 7
+        want = [cap] * (8 - cap) + ([cap] if i < 10 and i != 3 else [])
+        if i == 3:
+            want = [cap] * (8 - cap) + [2]
+        assert refused[i] == want, (i, refused[i])
 
 
 def _commands(r: redis.Redis) -> dict[str, int]:
