@@ -23,10 +23,11 @@
 -- it: a channel of n waiting agents paid n wake-ups for one direct message. Instead, whatever
 -- writes an entry to agents (send.lua, outcome.lua, replay.lua) rings each recipient's bell,
 -- in the same script: the entry id appended to the recipient's bell (a list), and one item in
--- its wakeup list when the bell was empty (see ring in _prelude.lua). A wait blocks on its own
--- wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica is woken per
--- wakeup) and then calls this, in the same pipeline, which pops up to 500 of the bell's ids
--- (one LPOP; a wakeup is put back for the rest), claims the entries they name into the
+-- its wakeup list when the bell was empty (see ring in _prelude.lua). A wait first calls this
+-- alone (blocked "0": what was rung while the agent was busy, in one script); finding nothing,
+-- it blocks on its own wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica
+-- is woken per wakeup) and then calls this, in the same pipeline, which pops up to 500 of the
+-- bell's ids (one LPOP; a wakeup is put back for the rest), claims the entries they name into the
 -- replica's pending list (XCLAIM ... FORCE: a group read is never made, so no other agent's
 -- entry is handed over), and marks them read. The claim moves the group's cursor past them:
 -- every entry up to there addressed to the agent was rung and is taken now, so read()'s fetch
