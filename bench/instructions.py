@@ -65,7 +65,12 @@ def _port() -> int:
 def _server(
     out: str, port: int | None = None, extra: tuple[str, ...] = ()
 ) -> Iterator[tuple[int, int]]:
-    """redis-server under callgrind, collecting only between -z and -d: (port, pid)."""
+    """redis-server under callgrind, collecting only between -z and -d: (port, pid).
+
+    Raises if the server does not answer within 60 s, or if what answers on ``port`` is not
+    this process (another test's server took the port first)."""
+    import redis
+
     port = port or _port()
     proc = subprocess.Popen(
         [
@@ -77,15 +82,21 @@ def _server(
         stderr=subprocess.DEVNULL,
     )
     try:
-        import redis
-
-        r = redis.Redis(port=port)
-        for _ in range(300):
-            with contextlib.suppress(redis.ConnectionError):
-                r.ping()
-                break
-            time.sleep(0.1)
-        r.close()
+        r = redis.Redis(port=port, socket_timeout=60)
+        try:
+            for _ in range(600):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"redis-server on port {port} exited ({proc.returncode})")
+                with contextlib.suppress(redis.ConnectionError):
+                    pid = int(r.info("server")["process_id"])
+                    if pid != proc.pid:
+                        raise RuntimeError(f"port {port} is served by another process ({pid})")
+                    break
+                time.sleep(0.1)
+            else:
+                raise RuntimeError(f"redis-server under callgrind on port {port}: no answer")
+        finally:
+            r.close()
         yield port, proc.pid
     finally:
         proc.terminate()
@@ -207,7 +218,11 @@ CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-node-timeout", "60000")
 @contextlib.contextmanager
 def _cluster(out: str, tmp: str, shards: int) -> Iterator[list[tuple[int, int]]]:
     """``shards`` cluster-mode primaries under callgrind, every slot served, no replicas
-    (one server has none either): [(port, pid)] in slot order."""
+    (one server has none either): [(port, pid)] in slot order.
+
+    Every node meets every other one (no discovery by gossip, which at ``--hz 1`` under
+    callgrind and a busy machine took minutes), and the nodes run ``hz 10`` while they form
+    the cluster, ``hz 1`` again before anything is counted."""
     from bench.cluster import SLOTS, _cluster_info, _wait, cluster_port
 
     with contextlib.ExitStack() as stack:
@@ -220,19 +235,39 @@ def _cluster(out: str, tmp: str, shards: int) -> Iterator[list[tuple[int, int]]]
         import redis
 
         clients = [redis.Redis(port=p, decode_responses=True, socket_timeout=60) for p, _ in nodes]
+        for c in clients:
+            stack.callback(c.close)
+            c.config_set("hz", 10)
         for i, c in enumerate(clients):
             c.execute_command(
                 "CLUSTER ADDSLOTS", *range(i * SLOTS // shards, (i + 1) * SLOTS // shards)
             )
-        for c in clients[1:]:
-            c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0][0])
+
+        def meet() -> None:
+            for i, c in enumerate(clients):
+                for p, _ in nodes[i + 1 :]:
+                    c.execute_command("CLUSTER MEET", "127.0.0.1", p)
+
+        meet()
+        deadline = time.monotonic() + 20
 
         def ok() -> bool:
+            nonlocal deadline
+            if time.monotonic() > deadline:  # a lost handshake: meet again, harmless if not
+                meet()
+                deadline = time.monotonic() + 20
             return all(str(_cluster_info(p).get("cluster_state")) == "ok" for p, _ in nodes)
 
-        _wait(ok, 120, "cluster state ok on every node")
+        try:
+            _wait(ok, 180, "cluster state ok on every node")
+        except RuntimeError as e:
+            seen = {
+                p: c.execute_command("CLUSTER NODES")
+                for (p, _), c in zip(nodes, clients, strict=True)
+            }
+            raise RuntimeError(f"{e}; CLUSTER NODES on each: {seen}") from None
         for c in clients:
-            c.close()
+            c.config_set("hz", 1)
         yield nodes
 
 
