@@ -25,6 +25,8 @@ HANDLING: ContextVar[tuple[Any, str] | None] = ContextVar("redisbus_handling", d
 
 #: Statuses after which an agent's replicas stop waiting (``wait()`` returns "cancelled")
 ENDED = frozenset({"failed", "cancelled", "lost"})
+#: waits after an empty look that block without looking first (see AsyncAgent.wait)
+LOOK_BACKOFF = 3
 
 #: How long one blocking read of a wait lasts at most (it slices longer waits): for an agent
 #: with one replica, and for one with several (only one is woken by its cancellation; the
@@ -65,6 +67,7 @@ class AgentState:
         self._handed: dict[str, int] = {}
         self._deepest: tuple[str, int] | None = None  # the deepest of them, once known
         self._wakeup_lost = False  # a fetch failed: the next one does not block first
+        self._skip_looks = 0  # waits left that block without looking first (see wait())
         self._cancelled = False
         self._replicas = 1  # live replicas of the agent, as the last heartbeat counted them
         self._want_status: str | None = None

@@ -471,16 +471,18 @@ def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
 
 
 @pytest.mark.parametrize("others", [1, 30])
-def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> None:
+@pytest.mark.parametrize("waited", [False, True], ids=["busy", "waited"])
+def test_a_wake_up_never_sees_others_entries(logged: Server, others: int, waited: bool) -> None:
     # given: a channel where `others` messages between two other members came in ahead of
-    # the one for b, while b waited or was busy
+    # the one for b, while b was busy (its next wait looks first) or waited in vain (its
+    # look found nothing, so its next waits block on the wakeup at once)
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
-        ch = bus.channel(f"lane-others-{others}", **OPEN)
+        ch = bus.channel(f"lane-others-{others}-{waited}", **OPEN)
         a, b = _past_one_cycle(ch)
         c = ch.join("c")
-        waiting = b.wait(timeout=0.2)  # (b waits on its own wakeup: others' sends never wake it)
-        assert waiting.kind == "timeout"
+        if waited:  # (b waits on its own wakeup: others' sends never wake it)
+            assert b.wait(timeout=0.2).kind == "timeout"
         for i in range(others):
             a.send("c", f"not for b {i}")
         a.send("b", "hello")
@@ -491,11 +493,55 @@ def test_a_wake_up_never_sees_others_entries(logged: Server, others: int) -> Non
         # then: it ran the commands of one message whatever the others' number: its group
         # never read, held or acknowledged an entry of theirs
         assert [m.body for m in got] == ["hello"]
-        assert _calls(ran) == [f"lua:{c}" for c in RUNG_OP] + ["SCRIPT"]  # (logged once run)
+        if waited:  # the pop took the wakeup at once; wake.lua ran after it
+            assert _calls(ran[ran.index("BLPOP") + 1 :]) == [f"lua:{c}" for c in WAKE_OP] + [
+                "SCRIPT"
+            ]
+        else:  # one script, no pop
+            assert _calls(ran) == [f"lua:{c}" for c in RUNG_OP] + ["SCRIPT"]  # (logged once run)
         assert r.xpending(b._keys.stream, "b")["pending"] == 1
         assert b.receipt(got[0])[0].status == "read"
         # and c still has all of its messages
         assert len(c.read()) == others
+
+
+def _looks(r: redis.Redis, sha: dict[str, str]) -> list[bool]:
+    """For each wake.lua call logged since the last SLOWLOG RESET (oldest first): whether it
+    was a look (its last argument "0": no pop of the wakeup list went before it)."""
+    out = []
+    for entry in reversed(r.slowlog_get(10_000)):
+        cmd = [c.decode() if isinstance(c, bytes) else str(c) for c in entry["command"].split()]
+        if cmd[0].upper() in ("EVALSHA", "FCALL") and cmd[1] == sha["wake"]:
+            out.append(cmd[-1] == "0")
+    return out
+
+
+def test_an_agent_quicker_than_its_senders_looks_once_in_four_waits(logged: Server) -> None:
+    # given: b through its first cycles (its waits look first: what was rung while it was
+    # busy comes in one script)
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        a, b = _past_one_cycle(bus.channel("lane-backoff", **OPEN))
+        r.config_set("slowlog-max-len", 10_000)
+        r.slowlog_reset()
+        # when: eight waits in a row find nothing
+        for _ in range(8):
+            assert b.wait(timeout=0.05).kind == "timeout"
+        # then: the first looked in vain, the next three blocked at once, the fifth looked
+        # again, and so on: one empty look in four waits, each wait one pop and the wake.lua
+        # after it (a pop that times out is not in the slow log)
+        looks = _looks(r, bus._io.sha)
+        assert looks.count(True) == 2 and looks.count(False) == 8, looks
+        # and when messages come while it is busy again, the wait that looks finds them, and
+        # it looks first again from then on: each wait is one script, no pop
+        a.send("b", "one")
+        assert [m.body for m in b.wait(timeout=1).messages] == ["one"]
+        r.slowlog_reset()
+        for body in ("two", "three"):
+            a.send("b", body)
+            assert [m.body for m in b.wait(timeout=1).messages] == [body]
+        assert _looks(r, bus._io.sha) == [True, True]
+        assert "BLPOP" not in _ran(r)
 
 
 def test_a_bell_naming_anothers_entry_hands_nothing_over(logged: Server) -> None:
