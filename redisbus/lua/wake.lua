@@ -24,8 +24,8 @@
 -- writes an entry to agents (send.lua, outcome.lua, replay.lua) rings each recipient's bell,
 -- in the same script: the entry id appended to the recipient's bell (a list), and one item in
 -- its wakeup list when the bell was empty (see ring in _prelude.lua). A wait first calls this
--- alone (blocked "0": what was rung while the agent was busy, in one script); finding nothing,
--- it blocks on its own wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica
+-- alone (blocked "0": what was rung while the agent was busy, in one script; after such a look
+-- found nothing, the handle's next three waits skip it); finding nothing, it blocks on its own wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica
 -- is woken per wakeup) and then calls this, in the same pipeline, which pops up to 500 of the
 -- bell's ids (one LPOP; a wakeup is put back for the rest), claims the entries they name into the
 -- replica's pending list (XCLAIM ... FORCE: a group read is never made, so no other agent's

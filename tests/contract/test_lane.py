@@ -297,16 +297,25 @@ async def test_async_cancelled_lone_send_does_not_take_queued_sends_with_it(
         assert {m.id for m in await b.read(filter_by="all", limit=10)} >= {r.id for r in receipts}
 
 
+def _script_calls(r: redis.Redis) -> list[list[str]]:
+    """The script calls (FCALL, EVALSHA) the server logged since the last SLOWLOG RESET,
+    oldest first, each as its words."""
+    out = []
+    for entry in reversed(r.slowlog_get(10_000)):
+        cmd = [c.decode() if isinstance(c, bytes) else str(c) for c in entry["command"].split()]
+        if cmd[0].upper() in ("EVALSHA", "FCALL"):
+            out.append(cmd)
+    return out
+
+
 def _scripts_run(r: redis.Redis, sha: dict[str, str]) -> list[str]:
     """The script calls the server logged since the last SLOWLOG RESET (oldest first), by
     name, with the settle op each settle call starts with."""
     names = {v: k for k, v in sha.items()}
     out = []
-    for entry in reversed(r.slowlog_get(1000)):
-        cmd = [c.decode() if isinstance(c, bytes) else str(c) for c in entry["command"].split()]
-        if cmd[0].upper() in ("EVALSHA", "FCALL"):
-            name = names.get(cmd[1], cmd[1])
-            out.append(f"settle {cmd[3 + int(cmd[2]) + 1]}" if name == "settle" else name)
+    for cmd in _script_calls(r):
+        name = names.get(cmd[1], cmd[1])
+        out.append(f"settle {cmd[3 + int(cmd[2]) + 1]}" if name == "settle" else name)
     return out
 
 
@@ -514,12 +523,7 @@ def test_a_wake_up_never_sees_others_entries(logged: Server, others: int, waited
 def _looks(r: redis.Redis, sha: dict[str, str]) -> list[bool]:
     """For each wake.lua call logged since the last SLOWLOG RESET (oldest first): whether it
     was a look (its last argument "0": no pop of the wakeup list went before it)."""
-    out = []
-    for entry in reversed(r.slowlog_get(10_000)):
-        cmd = [c.decode() if isinstance(c, bytes) else str(c) for c in entry["command"].split()]
-        if cmd[0].upper() in ("EVALSHA", "FCALL") and cmd[1] == sha["wake"]:
-            out.append(cmd[-1] == "0")
-    return out
+    return [cmd[-1] == "0" for cmd in _script_calls(r) if cmd[1] == sha["wake"]]
 
 
 def test_an_agent_quicker_than_its_senders_looks_once_in_four_waits(logged: Server) -> None:
