@@ -11,7 +11,11 @@ a change that runs fewer of them on the same path is cheaper.
 - ``send``: one ``send()`` to one member (the straight path of ``send.lua``), every limit on;
 - ``batch``: ``send_many`` of 100 such messages, per message;
 - ``broadcast``: ``send("all", ...)`` to the 100 other members (``send.lua``'s general routine);
-- ``wake, empty bell``: wake.lua on a bell with nothing in it (what a quiet wait costs).
+- ``wake, empty bell``: wake.lua on a bell with nothing in it (what a quiet wait costs);
+- ``wake, one message``: wake.lua handing over the one message its bell names (a send and
+  that wake replayed in pairs, the send's count taken off);
+- ``mark_done, one message``: done.lua of one message read (one call per message the pairs
+  left pending): with ``send`` and the wake above, a message's whole life, call by call.
 
 ``--fleet`` counts instead the whole message of the scale figure's fleet (send, ``wait()``,
 ``mark_done``, channels of 10 agents) on one server and on Clusters of 1 and 3 shards, every
@@ -204,7 +208,115 @@ def worker() -> dict[str, float]:
                 out[name] = _count_all([pid], cg, dumps, replay)[0] / (calls * per)
                 r.xtrim(keys.stream, maxlen=1_000)
                 r.xtrim(caller._keys.stream, maxlen=1_000)
+            # the rest of a message's life: bob's wake.lua handing him one message (a send and
+            # that wake replayed in pairs, the send's own count taken off), then his mark_done
+            # of one message (one call per message the pairs left pending, each with its id)
+            alice.send("bob", "y", subject="s")
+            wake_one = _pipelined(lambda: bob.wait(5))[-1]
+            alice.send("bob", "y", subject="s")
+            done = _captured(lambda: bob.mark_done(bob.wait(5).messages))
+            pending_from = r.xinfo_groups(keys.stream)
+            pending_from = next(g for g in pending_from if g["name"] == "bob")["pending"]
+
+            def pairs() -> None:
+                pipe = r.pipeline(transaction=False)
+                for _ in range(CALLS):
+                    pipe.execute_command(*send)
+                    pipe.execute_command(*wake_one)
+                pipe.execute(raise_on_error=False)
+
+            pairs()  # warm
+            both = _count_all([pid], cg, dumps, pairs)[0] / CALLS
+            out["wake, one message"] = both - out["send"]
+            held = [
+                str(p["message_id"]) for p in r.xpending_range(keys.stream, "bob", "-", "+", 10**6)
+            ]
+            held = held[pending_from:]
+
+            def dones(ids: list[str]) -> Callable[[], None]:
+                def run() -> None:
+                    pipe = r.pipeline(transaction=False)
+                    for entry in ids:
+                        pipe.execute_command(*done[:-1], entry)
+                    pipe.execute(raise_on_error=False)
+
+                return run
+
+            dones(held[:CALLS])()  # warm
+            out["mark_done, one message"] = (
+                _count_all([pid], cg, dumps, dones(held[CALLS : 2 * CALLS]))[0] / CALLS
+            )
             bus.close()
+            r.close()
+    return out
+
+
+def floor() -> dict[str, float]:
+    """``--floor``: bare commands, counted as the scripts are, on a stream of the entries
+    ``send()`` writes: what a script's commands and its ``FCALL`` cost without the script. Each
+    stream command follows an ``XADD`` of the entry it reads, whose own count is taken off."""
+    import redis
+
+    from redisbus import Bus
+
+    out: dict[str, float] = {}
+    fields = ("f", "alice", "t", "bob", "b", "x" * 64, "s", "s")
+    with tempfile.TemporaryDirectory() as tmp:
+        cg = os.path.join(tmp, "cg")
+        with _server(cg) as (port, pid):
+            r = redis.Redis(port=port, decode_responses=True)
+            bus = Bus.from_url(f"redis://127.0.0.1:{port}/0")
+            alice = bus.channel("bench-ir", **LIMITS).join("alice")
+            bus.channel("bench-ir").join("bob")
+            send = _captured(lambda: alice.send("bob", "x" * 64, subject="s"))
+            bus.close()
+            r.execute_command(
+                "FUNCTION",
+                "LOAD",
+                "#!lua name=floor\nredis.register_function{function_name = 'floor_nothing', "
+                "callback = function(KEYS, ARGV) return 1 end}",
+            )
+            for group in ("g", "h", "j"):
+                r.xgroup_create("s", group, id="$", mkstream=True)
+            seq = iter(range(1, 10**9))
+            calls: dict[str, Callable[[str], tuple[Any, ...] | None]] = {
+                "XADD of a 4-field entry": lambda e: None,
+                "XREADGROUP COUNT 1 > of the newest entry": lambda e: (
+                    *("XREADGROUP", "GROUP", "g", "c", "COUNT", "1", "STREAMS", "s", ">"),
+                ),
+                "XCLAIM FORCE LASTID of the newest entry (wake.lua's)": lambda e: (
+                    *("XCLAIM", "s", "h", "c", "0", e, "RETRYCOUNT", "1", "FORCE"),
+                    *("LASTID", e),
+                ),
+                "the same with JUSTID": lambda e: (
+                    *("XCLAIM", "s", "j", "c", "0", e, "RETRYCOUNT", "1", "FORCE", "JUSTID"),
+                    *("LASTID", e),
+                ),
+                "FCALL of a function that returns at once": lambda e: ("FCALL", "floor_nothing", 0),
+                "the same with send.lua's KEYS and ARGV": lambda e: (
+                    "FCALL",
+                    "floor_nothing",
+                    *send[2:],
+                ),
+            }
+            dumps: dict[int, int] = {}
+            xadd = 0.0
+            for name, make in calls.items():
+
+                def replay(make: Callable[[str], tuple[Any, ...] | None] = make) -> None:
+                    pipe = r.pipeline(transaction=False)
+                    for _ in range(CALLS):
+                        entry = f"1-{next(seq)}"
+                        pipe.execute_command("XADD", "s", entry, *fields)
+                        cmd = make(entry)
+                        if cmd:
+                            pipe.execute_command(*cmd)
+                    pipe.execute(raise_on_error=False)
+
+                replay()  # warm
+                n = _count_all([pid], cg, dumps, replay)[0] / CALLS
+                out[name] = n - xadd  # (the first row is the XADD alone: xadd is 0 there)
+                xadd = xadd or n
             r.close()
     return out
 
@@ -400,8 +512,9 @@ def _print_table(head: str, results: list[tuple[str, dict[str, float]]]) -> None
     print(f"| {head} | " + " | ".join(label for label, _ in results) + " |")
     print("|---|" + "---|" * len(results))
     for name in names:
-        cells = [f"{res[name]:,.0f}" for _, res in results]
-        if len(results) == 2:
+        # (an older checkout's worker may not count every call this one does)
+        cells = [f"{res[name]:,.0f}" if name in res else "—" for _, res in results]
+        if len(results) == 2 and name in results[0][1]:
             cells[-1] += f" ({results[1][1][name] / results[0][1][name] - 1:+.1%})"
         print(f"| {name} | " + " | ".join(cells) + " |")
 
@@ -413,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         "--fleet",
         action="store_true",
         help="count the fleet's message cycle on one server and on 1- and 3-shard Clusters",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="count bare commands (XADD, XREADGROUP, XCLAIM, an FCALL that does nothing)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fleet-worker", action="store_true", help=argparse.SUPPRESS)
@@ -427,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"needs {', '.join(missing)} on PATH", file=sys.stderr)
         return 2
+    if args.floor:
+        _print_table("bare call", [("instructions", floor())])
+        return 0
     sides = [("this checkout", Path(__file__).resolve().parent.parent)]
     if args.against:
         sides.insert(0, (args.against, Path(args.against).resolve()))

@@ -105,14 +105,13 @@ def test_the_receive_side_wake_up_case_gets_every_bare_xadd(redis7: Server) -> N
     assert 0 < got["p50_us"] <= got["p99_us"]
 
 
-@pytest.mark.timeout(300)
-def test_bench_instructions_counts_each_call() -> None:
-    # the instruction counts (bench/instructions.py) run and print one positive count per call
+def _instructions(*args: str) -> dict[str, int]:
+    """``python -m bench.instructions *args``'s table: each row's name and count."""
     # (valgrind: make test installs it in CI; without it this fails there, skips elsewhere)
     require_tool("valgrind")
     require_tool("callgrind_control")
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.instructions"],
+        [sys.executable, "-m", "bench.instructions", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -120,9 +119,40 @@ def test_bench_instructions_counts_each_call() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| ")][1:]
-    counts = {row.split("|")[1].strip(): row.split("|")[2].strip() for row in rows}
-    assert set(counts) == {"send", "batch, per message", "broadcast to 100", "wake, empty bell"}
-    assert all(int(v.replace(",", "")) > 10_000 for v in counts.values()), counts
+    return {row.split("|")[1].strip(): int(row.split("|")[2].replace(",", "")) for row in rows}
+
+
+@pytest.mark.timeout(300)
+def test_bench_instructions_counts_each_call() -> None:
+    # the instruction counts (bench/instructions.py) run and print one positive count per call
+    n = _instructions()
+    assert set(n) == {
+        "send",
+        "batch, per message",
+        "broadcast to 100",
+        "wake, empty bell",
+        "wake, one message",
+        "mark_done, one message",
+    }
+    assert all(v > 10_000 for v in n.values()), n
+    # a wake that hands over a message claims it, reads its fields and marks it: more than a
+    # wake that finds its bell empty (so the pairs' send was taken off, not the wake counted
+    # twice or not at all)
+    assert n["wake, empty bell"] < n["wake, one message"] < n["send"] + n["wake, empty bell"] * 3
+
+
+@pytest.mark.timeout(300)
+def test_bench_instructions_counts_the_bare_floor() -> None:
+    # --floor counts bare commands beside the scripts (docs/benchmarks.md quotes them): each
+    # stream command with its XADD taken off, and an FCALL costs more with send's arguments
+    n = _instructions("--floor")
+    assert len(n) == 6, n
+    assert all(v > 1_000 for v in n.values()), n
+    claim = n["XCLAIM FORCE LASTID of the newest entry (wake.lua's)"]
+    assert n["the same with JUSTID"] < claim
+    assert (
+        n["FCALL of a function that returns at once"] < n["the same with send.lua's KEYS and ARGV"]
+    )
 
 
 @pytest.mark.timeout(300)
