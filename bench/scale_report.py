@@ -348,13 +348,28 @@ def _scale_line(r: ScaleResult) -> list[str]:
         f"{one.per_msg('commands_per_msg'):.1f} on a 1-shard Cluster with the same client path "
         f"(medians over the process counts); CPU per message {_n(three.per_msg('cpu_us_per_msg'))}"
         f" and {_n(one.per_msg('cpu_us_per_msg'))} µs.",
-        "- **A busier server spends less CPU per message**: one server's fell from "
-        f"{_n(o1.cpu_us_per_msg)} µs at {o1.processes} process to {_n(on.cpu_us_per_msg)} at "
-        f"{on.processes}, as more requests share each pass of its event loop. Compare shards at "
-        f"the same load per shard, not at the same process count ({pairs}). The Cluster's "
-        "shards ran far from a full core here, so their CPU per message is high and the "
-        "capacity per core here is a floor.",
+        _load_line(o1.cpu_us_per_msg, o1.processes, on.cpu_us_per_msg, on.processes)
+        + " Compare shards at the same load per shard, not at the same process count "
+        f"({pairs}). The Cluster's shards ran far from a full core here, so their CPU per "
+        "message is high and the capacity per core here is a floor.",
     ]
+
+
+def _load_line(first: float, first_procs: int, last: float, last_procs: int) -> str:
+    """What one server's CPU per message did as the client processes grew, as measured: a
+    busier server usually spends less (more requests share each pass of its event loop), but
+    on a shared two-core machine the clients can take the cores from it instead."""
+    span = f"{_n(first)} µs at {first_procs} process to {_n(last)} at {last_procs}"
+    if last < first:
+        return (
+            f"- **A busier server spends less CPU per message**: one server's fell from {span},"
+            " as more requests share each pass of its event loop."
+        )
+    return (
+        f"- **One server's CPU per message did not fall with the load here**: it went from "
+        f"{span}; with the client processes on the same two cores, a busier server is also a "
+        "server with less of a core to itself."
+    )
 
 
 def _instruction_lines(r: ScaleResult) -> list[str]:

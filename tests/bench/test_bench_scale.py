@@ -105,3 +105,15 @@ def test_scale_model_costs_the_same_per_message_on_one_server_and_a_cluster(
     shards = [row["shards"] for row in result.capacity["rows"]]
     assert shards == sorted(shards) and shards[0] >= 1
     assert m["per_core"] == pytest.approx(1e6 / m["cluster_cpu_us"])
+
+
+def test_the_capacity_note_says_which_way_cpu_per_message_went_with_the_load() -> None:
+    # SCALE.md's line on one server's CPU per message as the client processes grew follows
+    # the measurement: it said "fell" even when a loaded two-core machine made it rise
+    from bench.scale_report import _load_line
+
+    fell = _load_line(153.0, 1, 109.0, 4)
+    assert "spends less CPU per message" in fell and "fell from 153 µs" in fell
+    rose = _load_line(185.0, 1, 201.0, 4)
+    assert "did not fall" in rose and "went from 185 µs at 1 process to 201 at 4" in rose
+    assert "fell" not in rose
