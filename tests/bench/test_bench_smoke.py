@@ -175,3 +175,12 @@ def test_bench_instructions_counts_the_fleet_on_each_topology() -> None:
     assert sum(v for k, v in got["3-shard Cluster"].items() if k.startswith("server")) == (
         pytest.approx(got["3-shard Cluster"]["per_msg"])
     )
+
+
+def test_a_run_of_some_figures_leaves_the_committed_table_alone() -> None:
+    # `python -m bench --only X` wrote its partial table over bench/RESULTS.md, the full run's
+    from bench.__main__ import HERE, parse_args
+
+    assert parse_args([]).md == HERE / "RESULTS.md"
+    assert parse_args(["--only", "send"]).md == HERE / "RESULTS-partial.md"
+    assert parse_args(["--only", "send", "--md", "x.md"]).md == Path("x.md")
