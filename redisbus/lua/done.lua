@@ -10,7 +10,8 @@
 --   -2  addressed to the agent but not fetched by it yet (the caller fetches, then retries)
 -- any -1 or -2 means nothing was changed
 --
--- A done mark keeps the read and delivery times: "D<done_ms>:<read_ms>:<delivered_ms>:<result>".
+-- A done mark keeps the read and delivery times: "D<done_ms>:<read_ms>:<delivered_ms>:<result>"
+-- (for one id the agent read, the delivery time is the read time: see below).
 
 local stream, inbox, marks, agent, result = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
 -- the clock as a number and as text: the mark is written from text (Lua turns a number into
@@ -20,6 +21,23 @@ local now, now_s = clock()
 local function addressed_here(id) -- is entry `id` addressed to the agent?
   local e = redis.call('XRANGE', stream, id, id)[1]
   return e ~= nil and addressed(e[2], agent)
+end
+
+-- One id read by the agent (a read mark), the common case: acknowledged first, the
+-- acknowledgement the check that it was pending (nothing else changes when it was not, and
+-- the passes below decide). Delivered when read: the mark is written when the entry is
+-- handed over (or, deferred, when the handle next calls the server).
+if #ARGV == 3 then
+  local id = ARGV[3]
+  local key = id .. '\n' .. agent
+  local mark = redis.call('HGET', marks, key)
+  if mark and string.byte(mark, 1) == 82 and redis.call('XACK', stream, agent, id) == 1 then
+    local read = string.sub(mark, 2)
+    if read == '' then read = now_s end
+    redis.call('HINCRBY', inbox, agent, '-1')
+    redis.call('HSET', marks, key, 'D' .. now_s .. ':' .. read .. ':' .. read .. ':' .. result)
+    return {1}
+  end
 end
 
 -- first pass: classify every id, change nothing

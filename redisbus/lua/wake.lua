@@ -25,9 +25,10 @@
 -- in the same script: the entry id appended to the recipient's bell (a list), and one item in
 -- its wakeup list when the bell was empty (see ring in _prelude.lua). A wait first calls this
 -- alone (blocked "0": what was rung while the agent was busy, in one script; after such a look
--- found nothing, the handle's next three waits skip it); finding nothing, it blocks on its own wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica
--- is woken per wakeup) and then calls this, in the same pipeline, which pops up to 500 of the
--- bell's ids (one LPOP; a wakeup is put back for the rest), claims the entries they name into the
+-- found nothing, the handle's next three waits skip it); finding nothing, it blocks on its
+-- own wakeup list (BLPOP: it frees, so it works at maxmemory too; one replica is woken per
+-- wakeup) and then calls this, in the same pipeline, which pops up to 500 of the bell's ids
+-- (one LPOP; a wakeup is put back for the rest), claims the entries they name into the
 -- replica's pending list (XCLAIM ... FORCE: a group read is never made, so no other agent's
 -- entry is handed over), and marks them read. The claim moves the group's cursor past them:
 -- every entry up to there addressed to the agent was rung and is taken now, so read()'s fetch
@@ -70,9 +71,19 @@ for i = 1, nr do
   end
 end
 
--- those never handed out before: no mark (one HMGET for them all)
-local fresh = {}
-if want[1] then
+-- those never handed out before: no mark. One id (the common case): its read mark written
+-- now, if it has none (HSETNX: the look and the write in one command; taken back below when
+-- the entry turns out to be gone or not the agent's). Several: one HMGET for them all.
+local fresh, premarked = {}, nil
+if #want == 1 then
+  local key = want[1] .. '\n' .. agent
+  local r = redis.pcall('HSETNX', marks, key, 'R' .. now_s)
+  if r == 1 then
+    fresh[1], premarked = want[1], key
+  elseif r ~= 0 then -- refused (at maxmemory): looked at only, the read mark is skipped
+    if not redis.call('HGET', marks, key) then fresh[1] = want[1] end
+  end
+elseif want[1] then
   local fields = {}
   for i = 1, #want do fields[i] = want[i] .. '\n' .. agent end
   local had = redis.call('HMGET', marks, unpack(fields))
@@ -104,7 +115,7 @@ if fresh[1] then
     redis.pcall('XGROUP', 'SETID', stream, agent, last)
   end
   local me = '\n' .. agent .. '\n'
-  local others, no, reads = {}, 0, {}
+  local others, no, reads, kept = {}, 0, {}, false
   for i = 1, #claimed do
     local e = claimed[i]
     local eid, f = e[1], e[2]
@@ -122,21 +133,27 @@ if fresh[1] then
       if keep > 0 and sig then recorded = recorded + 1 end
       if keep > 0 and sig and seen_before(nonces, nonce_at, eid, sig, now, true) then
         local n = reject(stream, inbox, marks, agent, eid, 'replay', now_s)
-        clamp = clamp or n == 1
+        clamp, kept = clamp or n == 1, n == 1
         if not replayed then replayed = {} end
         replayed[#replayed + 1] = eid
       elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
-        reads[#reads + 1], reads[#reads + 2] = eid .. '\n' .. agent, 'R' .. now_s
+        if not premarked then
+          reads[#reads + 1], reads[#reads + 2] = eid .. '\n' .. agent, 'R' .. now_s
+        end
         handed[#handed + 1] = e
-        got = true
+        got, kept = true, true
       elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired
         redis.call('HINCRBY', inbox, agent, '-1')
         redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
+        kept = true
       end
     end
   end
   if no > 0 then redis.call('XACK', stream, agent, unpack(others, 1, no)) end
   if reads[1] then soft('HSET', marks, unpack(reads)) end
+  -- the one id's read mark, written before the claim, for an entry that was not handed over
+  -- nor marked otherwise: gone (trimmed), not the agent's, or a replay not pending
+  if premarked and not kept then redis.call('HDEL', marks, premarked) end
 end
 if keep > 0 then -- forget pairs older than KEEP_MS: as many as this call recorded, and
   -- 100 more, so the record keeps pace with the traffic (the janitor forgets the rest)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from redisbus import AsyncBus, Bus, BusConnectionError, BusSettings
+from redisbus import AsyncBus, Bus, BusConnectionError, BusSettings, InvalidInput
 from redisbus.testing import memory_bus
 from tests.support.servers import Server
 
@@ -434,15 +434,18 @@ def test_a_wait_that_finds_its_message_rung_runs_one_script_then_the_done(logged
 
 
 #: what wake.lua runs on the server for one message addressed to the agent: the clock, the pop
-#: of its bell's ids, the marks of what they name (none: never handed out), the
-#: claim of the entry into the replica's pending list (which returns it and moves the group's
-#: cursor past it), its read mark, and the status "waiting" -> "running". It is in the
-#: wake-up's path (the read's reply leaves the server after it), so growing it slows every
-#: wake-up.
-WAKE_OP = ["TIME", "LPOP", "HMGET", "XCLAIM", "HSET", "HGET", "HSET"]
+#: of its bell's ids, the read mark of the one id, written if it had none (had it one, it was
+#: handed out before: the look and the write are one command), the claim of the entry into
+#: the replica's pending list (which returns it and moves the group's cursor past it), and
+#: the status "waiting" -> "running". It is in the wake-up's path (the read's reply leaves the
+#: server after it), so growing it slows every wake-up.
+WAKE_OP = ["TIME", "LPOP", "HSETNX", "XCLAIM", "HGET", "HSET"]
 #: the same for a message found rung without blocking: the wakeup the bell's ids rang goes
 #: (no pop took it), and the agent, running, stays so (no status written)
-RUNG_OP = ["TIME", "LPOP", "DEL", "HMGET", "XCLAIM", "HSET", "HGET"]
+RUNG_OP = ["TIME", "LPOP", "DEL", "HSETNX", "XCLAIM", "HGET"]
+#: what done.lua runs for one message the agent read: the clock, its read mark, the
+#: acknowledgement (whose reply says it was pending: no XPENDING), the inbox count, the mark
+DONE_OP = ["TIME", "HGET", "XACK", "HINCRBY", "HSET"]
 
 
 def _ran(r: redis.Redis) -> list[str]:
@@ -457,7 +460,7 @@ def _ran(r: redis.Redis) -> list[str]:
     return out
 
 
-def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
+def test_a_wake_up_runs_six_server_commands_and_its_done_five(logged: Server) -> None:
     # given: a receiver through its first cycles, blocked in wait()
     r = logged.client()
     with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
@@ -473,7 +476,8 @@ def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
         assert [m.body for m in got] == ["hello"]
         read = ran.index("BLPOP")  # (logged once it returned: after the send)
         assert _calls(ran[read + 1 :]) == [f"lua:{c}" for c in WAKE_OP] + ["SCRIPT"]
-        assert b.receipt(got[0])[0].status == "read"
+        receipt = b.receipt(got[0])[0]
+        assert receipt.status == "read"
         # and with signing off it was not handed the replay check's two keys (wake.lua reads
         # them only with signing on): stream, inbox, marks, status, bell, wakeup
         sha = bus._io.sha["wake"]
@@ -483,6 +487,14 @@ def test_a_wake_up_runs_seven_server_commands(logged: Server) -> None:
             if e["command"].split()[1:2] == [sha.encode()]
         ]
         assert wake and all(cmd[2] == b"6" for cmd in wake)
+        # and its mark_done runs these, and says it was delivered when it was read
+        r.slowlog_reset()
+        assert b.mark_done(got)
+        assert _calls(_ran(r)) == [f"lua:{c}" for c in DONE_OP] + ["SCRIPT"]
+        done = b.receipt(got[0])[0]
+        assert done.status == "done"
+        assert done.read_at == receipt.read_at and done.delivered_at == done.read_at
+        assert done.read_at <= done.done_at
 
 
 @pytest.mark.parametrize("others", [1, 30])
@@ -571,6 +583,8 @@ def test_a_bell_naming_anothers_entry_hands_nothing_over(logged: Server) -> None
         assert res.kind == "timeout"
         assert r.llen(bell) == 0
         assert r.xpending(b._keys.stream, "b")["pending"] == 0
+        # and b has no mark for it (the read mark written before the claim was taken back)
+        assert r.hget(b._keys.marks, f"{for_c}\nb") is None
         assert [m.body for m in c.wait(timeout=1).messages] == ["for c"]
 
 
@@ -702,3 +716,28 @@ async def test_async_cancelled_and_killed_waits_leave_the_next_in_step(redis7: S
         await asyncio.sleep(0.05)
         await a.send("b", "after the kill")
         assert [m.body for m in (await b.wait(timeout=2)).messages] == ["after the kill"]
+
+
+def test_mark_done_of_a_read_entry_no_longer_pending_changes_nothing(logged: Server) -> None:
+    # given: b read a message, then a raw write acknowledged it behind the bus's back, and
+    # another's read mark lost its time
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        a, b = _past_one_cycle(bus.channel("lane-done-acked", **OPEN))
+        first = a.send("b", "one").id
+        second = a.send("b", "two").id
+        got = b.wait(timeout=1).messages
+        assert [m.id for m in got] == [first, second]
+        assert r.xack(b._keys.stream, "b", first) == 1
+        r.hset(b._keys.marks, f"{second}\nb", "R")
+        before = (r.hgetall(b._keys.inbox), r.hgetall(b._keys.marks))
+        # when: b marks the first done
+        with pytest.raises(InvalidInput):
+            b.mark_done(first)
+        # then: refused, and nothing changed (the acknowledgement was the check)
+        assert (r.hgetall(b._keys.inbox), r.hgetall(b._keys.marks)) == before
+        # and the second, whose mark has no time, is done at the clock's time
+        assert b.mark_done(second)
+        done = str(r.hget(b._keys.marks, f"{second}\nb"))
+        at = done[1:].split(":")[0]
+        assert done == f"D{at}:{at}:{at}:ok"
