@@ -6,7 +6,7 @@ same run, on the same private ``redis-server`` (a free loopback port, no persist
 rounds; the table shows medians, ratios and each target met or missed with the gap. Results
 go to ``bench/results.json`` (not committed) and ``bench/RESULTS.md`` (the table for the
 README; a run of some figures, ``--only``, writes ``bench/RESULTS-partial.md`` instead, not
-committed, unless ``--md`` names a file).
+committed, unless ``--md`` names a file; its wake-up plot is named after that table).
 
 ``--quick`` small workloads and 2 rounds; ``--only NAME[,NAME]`` some figures (``--list``
 names them); ``--full`` (or ``--only memory``) sends 1,000,000 messages in the memory figure

@@ -18,6 +18,15 @@ THROUGHPUT_PNG = "scale-throughput.png"
 WAKEUP_PNG = "wakeup-latency.png"
 
 
+def wakeup_png(md_path: Path) -> str:
+    """The wake-up plot's file name for the table at ``md_path``: the full run's
+    (``RESULTS.md``) is the committed plot; any other table has its own, named after it, so a
+    run of some figures leaves the plot the full table links alone."""
+    if md_path.name == "RESULTS.md":
+        return WAKEUP_PNG
+    return f"wakeup-latency-{md_path.stem.lower()}.png"
+
+
 def write(figures: list[FigureResult], machine: dict[str, Any], md_path: Path) -> list[Path]:
     """Write what this run has data for; return the paths written."""
     out_dir = md_path.parent
@@ -36,10 +45,11 @@ def write(figures: list[FigureResult], machine: dict[str, Any], md_path: Path) -
         )
     series = wakeup_series(figures)
     if series:
-        png = out_dir / PLOTS / WAKEUP_PNG
+        name = wakeup_png(md_path)
+        png = out_dir / PLOTS / name
         plot_wakeups(series, png)
         written.append(png)
-        links.append(f"- Wake-up latency distributions: `bench/{PLOTS}/{WAKEUP_PNG}`")
+        links.append(f"- Wake-up latency distributions: `bench/{PLOTS}/{name}`")
     if links:
         # paths, not links: docs/benchmarks.md includes this file, from another directory
         with md_path.open("a") as f:

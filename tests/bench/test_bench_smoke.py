@@ -184,3 +184,8 @@ def test_a_run_of_some_figures_leaves_the_committed_table_alone() -> None:
     assert parse_args([]).md == HERE / "RESULTS.md"
     assert parse_args(["--only", "send"]).md == HERE / "RESULTS-partial.md"
     assert parse_args(["--only", "send", "--md", "x.md"]).md == Path("x.md")
+    # and its wake-up plot over the one the full table links
+    from bench.scale_report import wakeup_png
+
+    assert wakeup_png(HERE / "RESULTS.md") == "wakeup-latency.png"
+    assert wakeup_png(parse_args(["--only", "wakeup"]).md) == "wakeup-latency-results-partial.png"
