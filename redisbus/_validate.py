@@ -93,11 +93,14 @@ def _shown(value: float) -> str:
 def _bounded(value: object, what: str, unit: str, lo: float, hi: float) -> float:
     """A finite int or float within [lo, hi] (not a bool): the one place numbers are judged,
     before any conversion, so an int too large for a float is refused, not an OverflowError."""
-    span = f"between {lo:.15g} and {hi:.15g}{unit}"
+    # (the range's text is made only for an error: every wait() passes through here)
     if isinstance(value, bool) or not isinstance(value, int | float):
+        span = f"between {lo:.15g} and {hi:.15g}{unit}"
         raise InvalidInput(f"{what} must be a number {span}, got {type(value).__name__}")
     if not lo <= value <= hi:  # NaN compares false: refused here too
-        raise InvalidInput(f"{what} must be {span}, got {_shown(value)}")
+        raise InvalidInput(
+            f"{what} must be between {lo:.15g} and {hi:.15g}{unit}, got {_shown(value)}"
+        )
     return float(value)
 
 
