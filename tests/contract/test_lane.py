@@ -588,6 +588,24 @@ def test_a_bell_naming_anothers_entry_hands_nothing_over(logged: Server) -> None
         assert [m.body for m in c.wait(timeout=1).messages] == ["for c"]
 
 
+def test_a_bell_naming_a_deleted_entry_leaves_no_read_mark(logged: Server) -> None:
+    # given: a message rung for b, then deleted from the stream by a raw write
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        a, b = _past_one_cycle(bus.channel("lane-deleted", **OPEN))
+        gone = a.send("b", "gone").id
+        assert r.xdel(b._keys.stream, gone) == 1
+        # when: b waits
+        res = b.wait(timeout=0.3)
+        # then: nothing is handed over, nothing is pending, and no mark says b read it
+        assert res.kind == "timeout"
+        assert r.xpending(b._keys.stream, "b")["pending"] == 0
+        assert r.hget(b._keys.marks, f"{gone}\nb") is None
+        # and b's next message comes through
+        a.send("b", "next")
+        assert [m.body for m in b.wait(timeout=1).messages] == ["next"]
+
+
 async def test_async_wake_up_and_its_mark_done_run_three_scripts(logged: Server) -> None:
     r = logged.client()
     async with AsyncBus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
