@@ -41,7 +41,9 @@
 -- of returned. At maxmemory (noeviction) read marks are skipped, as in settle.lua.
 --
 -- Unread messages are found without walking the stream: they are the group's pending entries
--- not marked read (looked up by id from XPENDING), then, for list (no fetch), the entries after
+-- not marked read (looked up by id from XPENDING, 200 at a time, their marks read by one HMGET
+-- a page: what the agent holds read and not done costs a read no command each), then, for
+-- list (no fetch), the entries after
 -- the group's cursor. So a read costs the same however many entries lie behind an old pending
 -- one. Work is bounded: at most 20000 entries fetched and 20000 examined per call.
 
@@ -151,21 +153,28 @@ if pull then
     if fetched >= CAP then more = 1 break end
   end
   if mine_n > 0 then -- their ids leave the bell (it is in stream order: they lead it)
-    local rings = redis.call('LRANGE', bell, 0, 2 * mine_n + 7)
+    local span = 2 * mine_n + 8
+    local rings = redis.call('LRANGE', bell, 0, span - 1)
     local k = 0
     while k < #rings and fetched_mine[rings[k + 1]] do k = k + 1 end
     if k > 0 then redis.call('LTRIM', bell, k, -1) end
+    local left = #rings - k
     for i = k + 1, #rings do -- past a raw write into the bell: one by one
-      if fetched_mine[rings[i]] then redis.call('LREM', bell, 1, rings[i]) end
+      if fetched_mine[rings[i]] then redis.call('LREM', bell, 1, rings[i]); left = left - 1 end
     end
-    if redis.call('EXISTS', bell) == 0 then redis.call('DEL', wakeup) end
+    -- the bell emptied: its wakeup goes (known without a look when the range read it whole)
+    if (#rings < span and left == 0) or (#rings == span and redis.call('EXISTS', bell) == 0) then
+      redis.call('DEL', wakeup)
+    end
   end
 end
 if limit == 0 then return {now, 0, more, ''} end
 
 local out = {now, 0, more, ''}
 local scanned, found = 0, 0
-local function consider(e)
+-- `mk0` and `p0`, when the caller knows them (the unread walk below): the entry's mark ("" for
+-- none) and its pending entry, so neither is looked up again
+local function consider(e, mk0, p0)
   local id, f = e[1], e[2]
   local mine = addressed(f, agent)
   local from = field(f, 'f')
@@ -175,7 +184,7 @@ local function consider(e)
   if f_subject ~= '' and not subject_matches(field(f, 's') or '') then return end
   local mk = '-'
   if mine then
-    mk = redis.call('HGET', marks, id .. '\n' .. agent) or ''
+    mk = mk0 or redis.call('HGET', marks, id .. '\n' .. agent) or ''
     local m1 = string.sub(mk, 1, 1)
     if m1 == 'X' or m1 == 'F' or m1 == 'J' then return end
     if mk == '' and expired(id, f) then
@@ -190,10 +199,10 @@ local function consider(e)
   end
   local handed = 0
   if mine and mark_read then
-    local p = redis.call('XPENDING', stream, agent, id, id, 1)[1]
+    local p = p0 or redis.call('XPENDING', stream, agent, id, id, 1)[1]
     if p then -- not done: this read hands it out (with no mark, it never was before)
       local before = mk == '' and 0 or tonumber(p[4])
-      if before >= max_deliveries() then
+      if before > 0 and before >= max_deliveries() then -- (never handed out: not read)
         if dead_letter(dlq, id, agent, before, f, now)
           and redis.call('XACK', stream, agent, id) == 1 then
           redis.call('HINCRBY', inbox, agent, '-1')
@@ -238,15 +247,21 @@ if unread_only then
     local start = from_id == '' and '-' or from_id
     while found < limit do
       local pel = redis.call('XPENDING', stream, agent, start, '+', 200)
+      local had = {} -- the page's marks, in one command
+      if pel[1] then
+        local fields = {}
+        for i, p in ipairs(pel) do fields[i] = p[1] .. '\n' .. agent end
+        had = redis.call('HMGET', marks, unpack(fields))
+      end
       local last = nil
-      for _, p in ipairs(pel) do
+      for i, p in ipairs(pel) do
         local id = p[1]
         last = id
         if from_id == '' or id_before(from_id, id) then
           scanned = scanned + 1
-          if not redis.call('HGET', marks, id .. '\n' .. agent) then
+          if not had[i] then
             local e = redis.call('XRANGE', stream, id, id)[1]
-            if e then consider(e) end
+            if e then consider(e, '', p) end
             if found >= limit then break end
           end
         end

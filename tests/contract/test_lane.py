@@ -759,3 +759,38 @@ def test_mark_done_of_a_read_entry_no_longer_pending_changes_nothing(logged: Ser
         done = str(r.hget(b._keys.marks, f"{second}\nb"))
         at = done[1:].split(":")[0]
         assert done == f"D{at}:{at}:{at}:ok"
+
+
+#: what view.lua runs for a read() of one new message while the agent holds two it read and
+#: has not marked done: the clock, the fetch of the new entry into the group and its mark
+#: (a rewound group's finished entry is skipped), its id off the bell (the bell, read whole,
+#: is empty after: its wakeup goes without a look), the group's pending entries, all their
+#: marks in one command (not one each), the unread one's fields, its claim (its pending entry
+#: and hand-out count come from the page, not looked up again; never handed out, it needs no
+#: max_deliveries) and its read mark
+READ_OP = ["TIME", "XREADGROUP", "HGET", "LRANGE", "LTRIM", "DEL", "XPENDING", "HMGET"]
+READ_OP += ["XRANGE", "XCLAIM", "HSET"]
+
+
+@pytest.mark.parametrize("held", [0, 2, 30])
+def test_a_read_of_one_new_message_runs_the_same_commands_whatever_the_agent_holds(
+    logged: Server, held: int
+) -> None:
+    # given: b holds `held` messages it read and has not marked done, and one more comes
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel(f"lane-read-{held}", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        for i in range(held):
+            a.send("b", f"held {i}")
+        assert len(b.read()) == held
+        bus._io.load("view")
+        new = a.send("b", "new").id
+        r.slowlog_reset()
+        # when: b reads its unread messages
+        got = b.read()
+        # then: the new one, read, with these commands
+        assert [m.id for m in got] == [new]
+        assert _calls(_ran(r)) == [f"lua:{c}" for c in READ_OP] + ["SCRIPT"]
+        assert b.receipt(new)[0].status == "read"
+        assert r.llen(b._keys.bell("b")) == 0 and not r.exists(b._keys.wakeup("b"))
