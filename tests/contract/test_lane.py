@@ -786,6 +786,7 @@ def test_a_read_of_one_new_message_runs_the_same_commands_whatever_the_agent_hol
         assert len(b.read()) == held
         bus._io.load("view")
         new = a.send("b", "new").id
+        assert new is not None
         r.slowlog_reset()
         # when: b reads its unread messages
         got = b.read()
