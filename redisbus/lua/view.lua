@@ -172,19 +172,55 @@ if limit == 0 then return {now, 0, more, ''} end
 
 local out = {now, 0, more, ''}
 local scanned, found = 0, 0
+
+-- the filters that need no mark: 0 when entry fields `f` fail them, 1 when they pass and the
+-- entry is not the agent's, 2 when it is
+local function passes(f)
+  local mine = addressed(f, agent)
+  local from = field(f, 'f')
+  if scope == 'own' and not mine and from ~= agent then return 0 end
+  if f_from ~= '' and from ~= f_from then return 0 end
+  if f_to ~= '' and not addressed(f, f_to) then return 0 end
+  if f_subject ~= '' and not subject_matches(field(f, 's') or '') then return 0 end
+  return mine and 2 or 1
+end
+
+-- The agent's marks, read ahead by the walks below (forward, newest first): from the entry
+-- `cur_i` of the batch `cur_batch` they consider, the next entries that pass and are the
+-- agent's, as many as the messages still wanted, in one HMGET instead of one HGET each. A
+-- mark is written only by the consideration of its own entry, so what was read ahead holds.
+local pass_of, mark_of = {}, {} -- entry id -> passes(); -> its mark ("" for none)
+local cur_batch, cur_i = nil, 0
+local function read_ahead()
+  local ids, fields, n, want = {}, {}, 0, limit - found
+  -- (each entry makes at most one message: the next `want` are all that can be needed now)
+  for i = cur_i, math.min(#cur_batch, cur_i + want - 1) do
+    local e = cur_batch[i]
+    local id = e[1]
+    local kind = pass_of[id]
+    if not kind then kind = passes(e[2]); pass_of[id] = kind end
+    if kind == 2 and not mark_of[id] then
+      n = n + 1
+      ids[n], fields[n] = id, id .. '\n' .. agent
+      if n >= want then break end
+    end
+  end
+  if n == 0 then return end
+  local got = redis.call('HMGET', marks, unpack(fields, 1, n))
+  for i = 1, n do mark_of[ids[i]] = got[i] or '' end
+end
+
 -- `mk0` and `p0`, when the caller knows them (the unread walk below): the entry's mark ("" for
 -- none) and its pending entry, so neither is looked up again
 local function consider(e, mk0, p0)
   local id, f = e[1], e[2]
-  local mine = addressed(f, agent)
-  local from = field(f, 'f')
-  if scope == 'own' and not mine and from ~= agent then return end
-  if f_from ~= '' and from ~= f_from then return end
-  if f_to ~= '' and not addressed(f, f_to) then return end
-  if f_subject ~= '' and not subject_matches(field(f, 's') or '') then return end
+  local kind = pass_of[id] or passes(f)
+  if kind == 0 then return end
+  local mine = kind == 2
   local mk = '-'
   if mine then
-    mk = mk0 or redis.call('HGET', marks, id .. '\n' .. agent) or ''
+    if not mk0 and cur_batch and not mark_of[id] then read_ahead() end
+    mk = mk0 or mark_of[id] or redis.call('HGET', marks, id .. '\n' .. agent) or ''
     local m1 = string.sub(mk, 1, 1)
     if m1 == 'X' or m1 == 'F' or m1 == 'J' then return end
     if mk == '' and expired(id, f) then
@@ -221,20 +257,30 @@ local function consider(e, mk0, p0)
   found = found + 1
 end
 
+-- The walks read the stream in batches: the first as large as the messages wanted (at least
+-- 16, at most 200), each next one twice the last, up to 200: every entry a batch holds is
+-- made a Lua table, so a list of the newest 20 reads about 20, not 200, when most pass.
+local function first_size()
+  return math.min(200, math.max(16, limit - found))
+end
+
 -- walk entries forward from the exclusive bound `from_id` (or the start), at most to the cap;
 -- returns the id to resume after, or nil when the walk reached the end or the limit
 local function forward(from_id)
   local cursor = from_id == '' and '-' or '(' .. from_id
+  local size = first_size()
   while found < limit do
     if scanned >= CAP then return string.sub(cursor, 2) end
-    local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 200)
-    for _, e in ipairs(batch) do
-      scanned = scanned + 1
+    local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', size)
+    cur_batch = batch
+    for i, e in ipairs(batch) do
+      scanned, cur_i = scanned + 1, i
       consider(e)
       if found >= limit then return nil end
     end
-    if #batch < 200 then return nil end
+    if #batch < size then return nil end
     cursor = '(' .. batch[#batch][1]
+    size = math.min(200, 2 * size)
   end
   return nil
 end
@@ -296,18 +342,21 @@ else
   -- newest `limit` messages, returned oldest first
   local cursor, picked = '+', {}
   if kind == 'v' then cursor = '(' .. from_id end
+  local size = first_size()
   while found < limit do
     if scanned >= CAP then out[4] = 'v' .. string.sub(cursor, 2) break end
-    local batch = redis.call('XREVRANGE', stream, cursor, '-', 'COUNT', 200)
-    for _, e in ipairs(batch) do
-      scanned = scanned + 1
+    local batch = redis.call('XREVRANGE', stream, cursor, '-', 'COUNT', size)
+    cur_batch = batch
+    for i, e in ipairs(batch) do
+      scanned, cur_i = scanned + 1, i
       local n = #out
       consider(e)
       if #out > n then picked[#picked + 1] = table.remove(out) end
       if found >= limit then break end
     end
-    if #batch < 200 then break end
+    if #batch < size then break end
     cursor = '(' .. batch[#batch][1]
+    size = math.min(200, 2 * size)
   end
   for i = #picked, 1, -1 do out[#out + 1] = picked[i] end
 end

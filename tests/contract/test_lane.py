@@ -795,3 +795,44 @@ def test_a_read_of_one_new_message_runs_the_same_commands_whatever_the_agent_hol
         assert _calls(_ran(r)) == [f"lua:{c}" for c in READ_OP] + ["SCRIPT"]
         assert b.receipt(new)[0].status == "read"
         assert r.llen(b._keys.bell("b")) == 0 and not r.exists(b._keys.wakeup("b"))
+
+
+def _script_commands(r: redis.Redis) -> list[list[str]]:
+    """The commands scripts ran since the last SLOWLOG RESET (oldest first), each split."""
+    return [
+        [str(x.decode() if isinstance(x, bytes) else x) for x in e["command"].split()]
+        for e in reversed(r.slowlog_get(1000))
+        if e.get("client_address") in (b"?:0", "?:0")
+    ]
+
+
+def test_a_list_of_the_newest_reads_about_as_many_entries_and_their_marks_at_once(
+    logged: Server,
+) -> None:
+    # given: a board of 300 messages, every other one to b, some of them read
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-list", **{**OPEN, "inbox_cap": 10_000})
+        a, b = ch.join("a"), ch.join("b")
+        ch.join("c")
+        for i in range(300):
+            a.send("b" if i % 2 else "c", f"m{i}")
+        assert len(b.read(limit=140)) == 140
+        bus._io.load("view")
+        r.slowlog_reset()
+        # when: b lists the newest 20
+        got = b.list(limit=20)
+        ran = _script_commands(r)
+        # then: the newest 20, oldest first, b's own with their read flags
+        assert [m.body for m in got] == [f"m{i}" for i in range(280, 300)]
+        assert [m.read for m in got if "b" in m.to] == [False] * 10
+        # read with one batch of 20 entries (not 200) and one look at b's ten marks
+        assert [cmd[0].upper() for cmd in ran] == ["TIME", "XREVRANGE", "HMGET"]
+        assert ran[1][-2:] == ["COUNT", "20"]
+        assert len(ran[2]) == 2 + 2 * 10  # (the key, then each field "ID\nb", split in two)
+        # and a list that filters most entries out walks on in growing batches
+        r.slowlog_reset()
+        to_c = b.list(filter_by="to:c", limit=100)
+        sizes = [int(cmd[-1]) for cmd in _script_commands(r) if cmd[0].upper() == "XREVRANGE"]
+        assert [m.body for m in to_c] == [f"m{i}" for i in range(100, 300, 2)]
+        assert sizes == [100, 200]
