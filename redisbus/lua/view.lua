@@ -202,7 +202,6 @@ local function read_ahead()
     if kind == 2 and not mark_of[id] then
       n = n + 1
       ids[n], fields[n] = id, id .. '\n' .. agent
-      if n >= want then break end
     end
   end
   if n == 0 then return end

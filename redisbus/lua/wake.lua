@@ -77,10 +77,10 @@ end
 local fresh, premarked = {}, nil
 if #want == 1 then
   local key = want[1] .. '\n' .. agent
-  local r = redis.pcall('HSETNX', marks, key, 'R' .. now_s)
+  local r = soft('HSETNX', marks, key, 'R' .. now_s)
   if r == 1 then
     fresh[1], premarked = want[1], key
-  elseif r ~= 0 then -- refused (at maxmemory): looked at only, the read mark is skipped
+  elseif r == false then -- refused (at maxmemory): looked at only, the read mark is skipped
     if not redis.call('HGET', marks, key) then fresh[1] = want[1] end
   end
 elseif want[1] then
