@@ -15,7 +15,11 @@ a change that runs fewer of them on the same path is cheaper.
 - ``wake, one message``: wake.lua handing over the one message its bell names (a send and
   that wake replayed in pairs, the send's count taken off);
 - ``mark_done, one message``: done.lua of one message read (one call per message the pairs
-  left pending): with ``send`` and the wake above, a message's whole life, call by call.
+  left pending): with ``send`` and the wake above, a message's whole life, call by call;
+- ``heartbeat, channel of 10``: beat.lua renewing the ten agents of a channel (what a
+  channel's heartbeat costs every ``heartbeat_s``);
+- ``sweep, per entry trimmed``: one janitor pass (sweep.lua) trimming 999 entries every
+  recipient is done with, per entry.
 
 ``--fleet`` counts instead the whole message of the scale figure's fleet (send, ``wait()``,
 ``mark_done``, channels of 10 agents) on one server and on Clusters of 1 and 3 shards, every
@@ -246,6 +250,35 @@ def worker() -> dict[str, float]:
             out["mark_done, one message"] = (
                 _count_all([pid], cg, dumps, dones(held[CALLS : 2 * CALLS]))[0] / CALLS
             )
+            # the janitor's paths: a heartbeat of a channel of 10 agents (beat.lua renewing
+            # the ten, replayed), and one sweep trimming 1,000 entries every recipient is done
+            # with (sweep.lua, counted once, per entry trimmed)
+            from redisbus import _bindings as bind
+
+            ten = bus.channel("bench-ir-beat", **LIMITS)
+            members = [ten.join(f"b{i}") for i in range(10)]
+            triples = [x for a in members for x in (a.name, a.replica, "")]
+            beat = _captured(lambda: bus._io.script(*bind.beat(ten.keys, 60_000, 10_000, triples)))
+
+            def beats() -> None:
+                pipe = r.pipeline(transaction=False)
+                for _ in range(CALLS):
+                    pipe.execute_command(*beat)
+                pipe.execute(raise_on_error=False)
+
+            beats()  # warm
+            out["heartbeat, channel of 10"] = _count_all([pid], cg, dumps, beats)[0] / CALLS
+            board = bus.channel("bench-ir-sweep", **LIMITS)
+            carol, dave = board.join("carol"), board.join("dave")
+            for _ in range(10):
+                carol.send_many([("dave", "x" * 64)] * BATCH)
+                dave.mark_done(dave.read(limit=BATCH))
+            sweep = list(_captured(lambda: board.sweep(batch=1)))  # (trims one: 999 are left)
+            sweep[-2] = 2 * CALLS  # (ARGV: ..., budget, keep)
+            trimmed = r.xlen(board.keys.stream)
+            swept = _count_all([pid], cg, dumps, lambda: r.execute_command(*sweep))
+            assert r.xlen(board.keys.stream) == 0, "the sweep left entries"
+            out["sweep, per entry trimmed"] = swept[0] / trimmed
             bus.close()
             r.close()
     return out

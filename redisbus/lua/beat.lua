@@ -27,25 +27,56 @@
 --
 -- A replica not seen for a whole lease past its deadline leaves the hash (after the agents it
 -- made lost were found), so processes that come and go (per-process names) never pile up.
+--
+-- Four commands whatever the channel's size (more only past 1,000 fields a command): the beat
+-- hash read whole, the statuses the call needs in one HMGET, then one write of the beat hash
+-- (the judging time, the renewed deadlines and the moved ones) and, when some agent changes
+-- status, one of the status hash. A replica's deadline, renewed here, counts as the hash
+-- would hold it after the write.
 
 local beat, status, lease, period = KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2])
-local now = now_ms()
+local now, now_s = clock()
+local due = string.format('%d', now + lease) -- a renewed deadline, as text: written once
 local judged = '\n#judged' -- no member's name holds a control character
-local last = tonumber(redis.call('HGET', beat, judged) or '')
-redis.call('HSET', beat, judged, now) -- the first write: refused at the memory limit
+local flat = redis.call('HGETALL', beat)
+
+-- the agents the call names, then those the hash holds a replica of (the agent of its i-th
+-- field is fa[i]; those not alive are looked at for the lost), and the judging time
+local names, nn, cur, fa, last = {}, 0, {}, {}, nil
+for i = 3, #ARGV, 3 do
+  local agent = ARGV[i]
+  if cur[agent] == nil then cur[agent] = false; nn = nn + 1; names[nn] = agent end
+end
+for i = 1, #flat, 2 do
+  local f = flat[i]
+  local agent = string.match(f, '^([^\n]+)\n')
+  fa[(i + 1) / 2] = agent or false
+  if agent then
+    if cur[agent] == nil then cur[agent] = false; nn = nn + 1; names[nn] = agent end
+  elseif f == judged then
+    last = tonumber(flat[i + 1])
+  end
+end
 local shift = 0
 if last and now - last > 1.5 * period then shift = now - last - period end
+-- their statuses, in one look: cur[agent] is the status this call leaves (false: no member)
+for i = 1, nn, 1000 do
+  local got = redis.call('HMGET', status, unpack(names, i, math.min(nn, i + 999)))
+  for k = 1, #got do cur[names[i + k - 1]] = got[k] end
+end
 
+-- the writes, gathered: the judging time first (the first write: refused at the memory limit)
+local put, np, set, ns = {judged, now_s}, 2, {}, 0
 local mine, mine_at, renewed = {}, {}, {}
 for i = 3, #ARGV, 3 do
   local agent, replica, want = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local s = redis.call('HGET', status, agent)
+  local s = cur[agent]
   if s == 'running' or s == 'waiting' or s == 'idle' or s == 'completed' then
-    redis.call('HSET', beat, agent .. '\n' .. replica, now + lease)
-    renewed[agent .. '\n' .. replica] = true
+    local f = agent .. '\n' .. replica
+    if not renewed[f] then np = np + 2; put[np - 1], put[np] = f, due; renewed[f] = agent end
     if want ~= '' and want ~= s and s ~= 'completed' then
-      redis.call('HSET', status, agent, want)
-      s = want
+      ns = ns + 2; set[ns - 1], set[ns] = agent, want
+      cur[agent], s = want, want
     end
   end
   if not mine_at[agent] then
@@ -54,31 +85,50 @@ for i = 3, #ARGV, 3 do
   end
 end
 
-local alive, seen, gone = {}, {}, {}
-local flat = redis.call('HGETALL', beat)
+-- every replica's deadline, as the hash holds it after the writes: live[agent] is true when
+-- one is not past, false when all are
+local live, gone = {}, {}
 for i = 1, #flat, 2 do
-  local agent = string.match(flat[i], '^([^\n]+)\n')
+  local agent = fa[(i + 1) / 2]
   if agent then
-    seen[agent] = true
-    local deadline = tonumber(flat[i + 1]) or 0
-    if shift > 0 and not renewed[flat[i]] then
-      deadline = deadline + shift
-      redis.call('HSET', beat, flat[i], deadline)
+    local f = flat[i]
+    local deadline
+    if renewed[f] then
+      renewed[f] = false -- (counted here: the hash held it)
+      deadline = now + lease
+    else
+      deadline = tonumber(flat[i + 1]) or 0
+      if shift > 0 then
+        deadline = deadline + shift
+        np = np + 2; put[np - 1], put[np] = f, deadline
+      end
     end
     if deadline >= now then
-      alive[agent] = true
+      live[agent] = true
       local at = mine_at[agent]
       if at then mine[at] = mine[at] + 1 end
-    elseif deadline < now - lease then gone[#gone + 1] = flat[i] end
+    else
+      live[agent] = live[agent] or false
+      if deadline < now - lease then gone[#gone + 1] = f end
+    end
   end
 end
+for _, agent in pairs(renewed) do -- replicas the hash did not hold yet: live
+  if agent then
+    live[agent] = true
+    local at = mine_at[agent]
+    mine[at] = mine[at] + 1
+  end
+end
+for i = 1, np, 2000 do redis.call('HSET', beat, unpack(put, i, math.min(np, i + 1999))) end
+if ns > 0 then redis.call('HSET', status, unpack(set, 1, ns)) end
 for i = 1, #gone, 1000 do
   redis.call('HDEL', beat, unpack(gone, i, math.min(#gone, i + 999)))
 end
 local lost = {}
-for agent in pairs(seen) do
-  if not alive[agent] then
-    local s = redis.call('HGET', status, agent)
+for agent, alive in pairs(live) do
+  if not alive then
+    local s = cur[agent]
     if s == 'running' or s == 'waiting' or s == 'idle' then lost[#lost + 1] = agent end
   end
 end

@@ -117,53 +117,77 @@ end
 if swept_to ~= resume then soft('HSET', meta, 'sweep_after', swept_to) end
 
 -- 2. trim the prefix of the stream that nobody needs: entries whose every recipient is done
---    with them (done, dead-lettered or expired), and entries older than the retention
+--    with them (done, dead-lettered or expired), and entries older than the retention. The
+--    stream is walked in batches that start small (the walk mostly stops at the first entry
+--    someone still holds) and double up to 200; a batch's receipt marks are read with one
+--    HMGET (at most 1,000 fields a command), whether a name is a member once per call, and
+--    the marks and idempotency keys of what goes are deleted 1,000 fields a command.
 local cut_ms = now - retention
-local doomed, expired, retired = {}, 0, {}
-local cursor, stop = '-', false
-while not stop and #doomed < budget do
-  local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.min(200, budget - #doomed))
-  if #batch == 0 then break end
-  for _, e in ipairs(batch) do
-    local id, f = e[1], e[2]
-    local old = tonumber(string.match(id, '^(%d+)')) < cut_ms
+local nd, last, expired, retired = 0, nil, 0, {}
+local gone, ng, ikeys, nk = {}, 0, {}, 0 -- the trimmed entries' marks and idempotency keys
+local member = {} -- name -> has an inbox count (a raw write's name may be no member)
+local cursor, stop, size = '-', false, 16
+while not stop and nd < budget do
+  local batch = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.min(size, budget - nd))
+  local nb = #batch
+  if nb == 0 then break end
+  size = math.min(size * 2, 200)
+  -- every entry's recipients, and their marks ("ID\nname") in one look
+  local names, fields, nf = {}, {}, 0
+  for j = 1, nb do
+    local id, f = batch[j][1], batch[j][2]
     local to = ''
     for i = 1, #f, 2 do if f[i] == 't' then to = f[i + 1] end end
-    local undone = {}
+    local list, n = {}, 0
     for name in string.gmatch(to, '[^\n]+') do
-      local mark = redis.call('HGET', marks, id .. '\n' .. name)
+      n = n + 1; list[n] = name
+      nf = nf + 1; fields[nf] = id .. '\n' .. name
+    end
+    names[j] = list
+  end
+  local mark = {}
+  for i = 1, nf, 1000 do
+    local got = redis.call('HMGET', marks, unpack(fields, i, math.min(i + 999, nf)))
+    for k = 1, #got do mark[i + k - 1] = got[k] end
+  end
+  local at = 0 -- the entry's first field in `fields`
+  for j = 1, nb do
+    local id, f, list = batch[j][1], batch[j][2], names[j]
+    local old = tonumber(string.match(id, '^(%d+)')) < cut_ms
+    local undone, nu = {}, 0
+    for k = 1, #list do
       -- done, dead-lettered, expired or rejected (J) are finished; a name that is no member
       -- (a raw write's) has nothing to count
-      if not finished(mark) and redis.call('HEXISTS', inbox, name) == 1 then
-        undone[#undone + 1] = name
+      local name = list[k]
+      if not finished(mark[at + k] or nil) then
+        local m = member[name]
+        if m == nil then m = redis.call('HEXISTS', inbox, name) == 1; member[name] = m end
+        if m then nu = nu + 1; undone[nu] = name end
       end
     end
-    if #undone > 0 and not old then stop = true break end
-    for _, name in ipairs(undone) do
+    if nu > 0 and not old then stop = true break end
+    for k = 1, nu do
       -- undone and past retention: retire it so counters stay true
+      local name = undone[k]
       pcall(redis.call, 'XACK', stream, name, id) -- if it was pending
       retired[name] = (retired[name] or 0) + 1 -- counted down once the trim freed memory
       expired = expired + 1
     end
-    doomed[#doomed + 1] = e
+    nd, last = nd + 1, id
+    for k = 1, #list do ng = ng + 1; gone[ng] = fields[at + k] end
+    local sender, key
+    for i = 1, #f, 2 do
+      if f[i] == 'f' then sender = f[i + 1] elseif f[i] == 'i' then key = f[i + 1] end
+    end
+    if sender and key then nk = nk + 1; ikeys[nk] = sender .. '\n' .. key end
+    at = at + #list
   end
-  cursor = '(' .. batch[#batch][1]
+  cursor = '(' .. batch[nb][1]
 end
-for _, e in ipairs(doomed) do
-  local id, f = e[1], e[2]
-  local to, sender, key = '', nil, nil
-  for i = 1, #f, 2 do
-    if f[i] == 't' then to = f[i + 1]
-    elseif f[i] == 'f' then sender = f[i + 1]
-    elseif f[i] == 'i' then key = f[i + 1] end
-  end
-  for name in string.gmatch(to, '[^\n]+') do redis.call('HDEL', marks, id .. '\n' .. name) end
-  if sender and key then redis.call('HDEL', idem, sender .. '\n' .. key) end
-end
+for i = 1, ng, 1000 do redis.call('HDEL', marks, unpack(gone, i, math.min(i + 999, ng))) end
+for i = 1, nk, 1000 do redis.call('HDEL', idem, unpack(ikeys, i, math.min(i + 999, nk))) end
 local trimmed = 0
-if #doomed > 0 then
-  trimmed = redis.call('XTRIM', stream, 'MINID', next_id(doomed[#doomed][1]))
-end
+if last then trimmed = redis.call('XTRIM', stream, 'MINID', next_id(last)) end
 for name, n in pairs(retired) do
   soft('HINCRBY', inbox, name, -n)
   floor_pending(stream, inbox, name)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 from typing import Any
@@ -836,3 +837,104 @@ def test_a_list_of_the_newest_reads_about_as_many_entries_and_their_marks_at_onc
         sizes = [int(cmd[-1]) for cmd in _script_commands(r) if cmd[0].upper() == "XREVRANGE"]
         assert [m.body for m in to_c] == [f"m{i}" for i in range(100, 300, 2)]
         assert sizes == [100, 200]
+
+
+def _script_argc(r: redis.Redis) -> list[tuple[str, str, int]]:
+    """The commands scripts ran since the last SLOWLOG RESET (oldest first) as (name, first
+    key, how many arguments it had: the slow log keeps 32, the last saying how many more)."""
+    out = []
+    for e in reversed(r.execute_command("SLOWLOG", "GET", 1000)):
+        argv, client = e[3], e[4]
+        if client not in (b"?:0", "?:0"):
+            continue
+        argv = [a.decode() if isinstance(a, bytes) else str(a) for a in argv]
+        more = re.fullmatch(r"\.\.\. \((\d+) more arguments\)", argv[-1])
+        n = len(argv) - 1 + int(more.group(1)) if more else len(argv)
+        out.append((argv[0].upper(), argv[1] if len(argv) > 1 else "", n))
+    return out
+
+
+def test_a_sweep_reads_and_deletes_a_batch_of_receipt_marks_at_once(logged: Server) -> None:
+    # given: 100 messages b marked done, each with an idempotency key, then one b holds
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-sweep", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        for i in range(100):
+            a.send("b", f"m{i}", idempotency_key=f"k{i}")
+        b.mark_done(b.read(limit=100))
+        held = a.send("b", "held").id
+        assert [m.id for m in b.read()] == [held]
+        bus._io.load("sweep")
+        r.slowlog_reset()
+        # when: the janitor sweeps the channel
+        report = ch.sweep()
+        ran = _script_argc(r)
+        # then: the 100 are trimmed, their marks and keys gone, the held one kept
+        assert (report.trimmed, report.expired_undone) == (100, 0)
+        assert [e[0] for e in r.xrange(ch.keys.stream) or ()] == [held]
+        assert r.hkeys(ch.keys.marks) == [f"{held}\nb"]
+        assert r.hlen(ch.keys.idem) == 0
+        # walked in batches of 16, 32 and 64 (stopping at the held one), each batch's marks
+        # read in one command, whether b is a member looked up once, the marks and the keys
+        # of the 100 deleted in one command each
+        keys = (ch.keys.marks, ch.keys.idem, ch.keys.inbox)
+        trim = [c for c in ran if c[0] == "XRANGE" or (c[0] != "XTRIM" and c[1] in keys)]
+        trim = [c for c in trim if not (c[0] == "XRANGE" and c[2] == 4)]  # (dead letters' look)
+        assert trim == [
+            ("XRANGE", ch.keys.stream, 6),
+            ("HMGET", ch.keys.marks, 2 + 16),
+            ("XRANGE", ch.keys.stream, 6),
+            ("HMGET", ch.keys.marks, 2 + 32),
+            ("XRANGE", ch.keys.stream, 6),
+            ("HMGET", ch.keys.marks, 2 + 53),
+            ("HEXISTS", ch.keys.inbox, 3),
+            ("HDEL", ch.keys.marks, 2 + 100),
+            ("HDEL", ch.keys.idem, 2 + 100),
+        ]
+
+
+def test_a_heartbeat_runs_the_same_few_commands_whatever_the_channel_holds(
+    logged: Server,
+) -> None:
+    # given: a channel of ten agents, one that went silent (lost), one long gone (its field
+    # goes), and a heartbeat that renews the ten and shows one of them idle
+    from redisbus import _bindings as bind
+
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-beat", **OPEN)
+        agents = [ch.join(f"a{i}") for i in range(10)]
+        ch.join("silent")
+        r.hdel(ch.keys.beat, *[f for f in r.hkeys(ch.keys.beat) if str(f).startswith("silent\n")])
+        lease_ms = 60_000
+        now = int(r.time()[0]) * 1000
+        r.hset(ch.keys.beat, mapping={"silent\nr": now - 1, "old\nr": now - 3 * lease_ms})
+        r.hset(ch.keys.beat, "a3\n" + agents[3].replica, now - 1)  # (renewed now)
+        triples: list[str] = []
+        for a in agents:
+            triples += [a.name, a.replica, "idle" if a.name == "a1" else ""]
+        triples += ["a9", "second-replica", ""]
+        bus._io.load("beat")
+        r.slowlog_reset()
+        # when: the heartbeat runs
+        lost, mine = bind.beaten(bus._io.script(*bind.beat(ch.keys, lease_ms, 1000, triples)))
+        ran = _script_argc(r)
+        # then: the silent agent is lost, every named agent renewed (a9 with two replicas), a1
+        # idle, the long-gone field dropped
+        assert lost == ["silent"]
+        live = {mine[i]: (mine[i + 1], mine[i + 2]) for i in range(0, len(mine), 3)}
+        assert live["a1"][0] == "idle" and live["a9"][1] == 2
+        assert all(live[f"a{i}"][1] == (2 if i == 9 else 1) for i in range(10))
+        assert r.hget(ch.keys.status, "a1") == "idle"
+        assert not r.hexists(ch.keys.beat, "old\nr")
+        assert int(str(r.hget(ch.keys.beat, "a3\n" + agents[3].replica))) >= now + lease_ms
+        # with these commands: one read of each hash, one write of each, the drop
+        assert [(c[0], c[1]) for c in ran] == [
+            ("TIME", ""),
+            ("HGETALL", ch.keys.beat),
+            ("HMGET", ch.keys.status),
+            ("HSET", ch.keys.beat),
+            ("HSET", ch.keys.status),
+            ("HDEL", ch.keys.beat),
+        ]
