@@ -28,11 +28,12 @@
 -- A replica not seen for a whole lease past its deadline leaves the hash (after the agents it
 -- made lost were found), so processes that come and go (per-process names) never pile up.
 --
--- Four commands whatever the channel's size (more only past 1,000 fields a command): the beat
--- hash read whole, the statuses the call needs in one HMGET, then one write of the beat hash
--- (the judging time, the renewed deadlines and the moved ones) and, when some agent changes
--- status, one of the status hash. A replica's deadline, renewed here, counts as the hash
--- would hold it after the write.
+-- The same few commands whatever the channel's size (more only past 1,000 fields a command):
+-- the clock, the beat hash read whole, the statuses the call needs in one HMGET, one write of
+-- the beat hash (the judging time, the renewed deadlines and the moved ones), and only when
+-- there is something to do, one write of the status hash (the statuses that change) and one
+-- drop of the replicas long gone. A replica's deadline renewed here counts as the hash holds
+-- it after the write.
 
 local beat, status, lease, period = KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2])
 local now, now_s = clock()
