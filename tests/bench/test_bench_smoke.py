@@ -133,8 +133,12 @@ def test_bench_instructions_counts_each_call() -> None:
         "wake, empty bell",
         "wake, one message",
         "mark_done, one message",
+        "heartbeat, channel of 10",
+        "sweep, per entry trimmed",
     }
     assert all(v > 10_000 for v in n.values()), n
+    # a heartbeat renews ten replicas: more than one call's fixed cost (a quiet wake-up)
+    assert n["heartbeat, channel of 10"] > 2 * n["wake, empty bell"]
     # a wake that hands over a message claims it, reads its fields and marks it: more than a
     # wake that finds its bell empty (so the pairs' send was taken off, not the wake counted
     # twice or not at all)
