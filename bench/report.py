@@ -160,6 +160,9 @@ def _gap(t: Target, observed: float, met: bool) -> str:
         return f"{shown}, target {t.text}"
     miss = abs(observed - t.value) / t.value * 100
     word = "short of" if t.kind in ("ratio_min", "min") else "over"
+    if miss < 1:  # a near miss reads as one: "1.054x: 0.4% over", not "1.05x: 0% over"
+        shown = f"{observed:.3f}{suffix}" if abs(observed) < 100 else shown
+        return f"{shown}: {miss:.1f}% {word} {t.text}"
     return f"{shown}: {miss:.0f}% {word} {t.text}"
 
 

@@ -193,3 +193,17 @@ def test_a_run_of_some_figures_leaves_the_committed_table_alone() -> None:
 
     assert wakeup_png(HERE / "RESULTS.md") == "wakeup-latency.png"
     assert wakeup_png(parse_args(["--only", "wakeup"]).md) == "wakeup-latency-results-partial.png"
+
+
+def test_a_near_miss_reads_as_one() -> None:
+    # a figure 0.4% over its bound said "1.05: 0% over" (rounded to the bound it missed)
+    from bench.report import Target, _gap
+
+    bound = Target("ir_ratio", "max", 1.05, "same as one server (≤ 1.05x)")
+    assert _gap(bound, 1.0537, False) == "1.054: 0.4% over same as one server (≤ 1.05x)"
+    ratio = Target("p50_us", "ratio_max", 1.3, "≤ 1.3x raw")
+    assert _gap(ratio, 1.34, False) == "1.34x: 3% over ≤ 1.3x raw"
+    assert _gap(ratio, 1.302, False) == "1.302x: 0.2% over ≤ 1.3x raw"
+    assert _gap(Target("x", "ratio_min", 1.0, "≥ 1.0x raw"), 0.86, False) == (
+        "0.86x: 14% short of ≥ 1.0x raw"
+    )
