@@ -165,6 +165,7 @@ def worker() -> dict[str, float]:
     import redis
 
     from redisbus import Bus
+    from redisbus import _bindings as bind
 
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,8 +254,6 @@ def worker() -> dict[str, float]:
             # the janitor's paths: a heartbeat of a channel of 10 agents (beat.lua renewing
             # the ten, replayed), and one sweep trimming 1,000 entries every recipient is done
             # with (sweep.lua, counted once, per entry trimmed)
-            from redisbus import _bindings as bind
-
             ten = bus.channel("bench-ir-beat", **LIMITS)
             members = [ten.join(f"b{i}") for i in range(10)]
             triples = [x for a in members for x in (a.name, a.replica, "")]

@@ -44,6 +44,26 @@ local function soft(...)
   return r
 end
 
+-- `cmd` on hash `key` with items[1..n] after the key, `per` of them a command (Lua's unpack
+-- has a limit, and one huge command holds the server as long): the replies of a command that
+-- answers with a list (HMGET), as one list in order; nothing (an empty list) for the others.
+-- No command at all when n is 0.
+local function chunked(cmd, key, items, n, per)
+  if n <= per then
+    if n == 0 then return {} end
+    local r = redis.call(cmd, key, unpack(items, 1, n))
+    return type(r) == 'table' and r or {}
+  end
+  local out, m = {}, 0
+  for i = 1, n, per do
+    local r = redis.call(cmd, key, unpack(items, i, math.min(n, i + per - 1)))
+    if type(r) == 'table' then
+      for k = 1, #r do m = m + 1; out[m] = r[k] end
+    end
+  end
+  return out
+end
+
 -- the value of field `k` of a stream entry's flat {field, value, ...} list, or nil
 local function field(f, k)
   for i = 1, #f, 2 do if f[i] == k then return f[i + 1] end end

@@ -61,10 +61,8 @@ end
 local shift = 0
 if last and now - last > 1.5 * period then shift = now - last - period end
 -- their statuses, in one look: cur[agent] is the status this call leaves (false: no member)
-for i = 1, nn, 1000 do
-  local got = redis.call('HMGET', status, unpack(names, i, math.min(nn, i + 999)))
-  for k = 1, #got do cur[names[i + k - 1]] = got[k] end
-end
+local got = chunked('HMGET', status, names, nn, 1000)
+for k = 1, nn do cur[names[k]] = got[k] end
 
 -- the writes, gathered: the judging time first (the first write: refused at the memory limit)
 local put, np, set, ns = {judged, now_s}, 2, {}, 0
@@ -121,11 +119,9 @@ for _, agent in pairs(renewed) do -- replicas the hash did not hold yet: live
     mine[at] = mine[at] + 1
   end
 end
-for i = 1, np, 2000 do redis.call('HSET', beat, unpack(put, i, math.min(np, i + 1999))) end
-if ns > 0 then redis.call('HSET', status, unpack(set, 1, ns)) end
-for i = 1, #gone, 1000 do
-  redis.call('HDEL', beat, unpack(gone, i, math.min(#gone, i + 999)))
-end
+chunked('HSET', beat, put, np, 2000)
+chunked('HSET', status, set, ns, 2000)
+chunked('HDEL', beat, gone, #gone, 1000)
 local lost = {}
 for agent, alive in pairs(live) do
   if not alive then

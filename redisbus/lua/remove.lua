@@ -72,7 +72,5 @@ redis.call('HDEL', members, name)
 redis.call('HDEL', parents, name)
 redis.call('HDEL', status, name)
 redis.call('HDEL', inbox, name)
-for i = 1, #replicas, 1000 do
-  redis.call('HDEL', beat, unpack(replicas, i, math.min(#replicas, i + 999)))
-end
+chunked('HDEL', beat, replicas, #replicas, 1000)
 return {1, undone, pending, #open}

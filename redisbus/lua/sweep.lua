@@ -145,11 +145,7 @@ while not stop and nd < budget do
     end
     names[j] = list
   end
-  local mark = {}
-  for i = 1, nf, 1000 do
-    local got = redis.call('HMGET', marks, unpack(fields, i, math.min(i + 999, nf)))
-    for k = 1, #got do mark[i + k - 1] = got[k] end
-  end
+  local mark = chunked('HMGET', marks, fields, nf, 1000)
   local at = 0 -- the entry's first field in `fields`
   for j = 1, nb do
     local id, f, list = batch[j][1], batch[j][2], names[j]
@@ -184,8 +180,8 @@ while not stop and nd < budget do
   end
   cursor = '(' .. batch[nb][1]
 end
-for i = 1, ng, 1000 do redis.call('HDEL', marks, unpack(gone, i, math.min(i + 999, ng))) end
-for i = 1, nk, 1000 do redis.call('HDEL', idem, unpack(ikeys, i, math.min(i + 999, nk))) end
+chunked('HDEL', marks, gone, ng, 1000)
+chunked('HDEL', idem, ikeys, nk, 1000)
 local trimmed = 0
 if last then trimmed = redis.call('XTRIM', stream, 'MINID', next_id(last)) end
 for name, n in pairs(retired) do
@@ -243,7 +239,7 @@ repeat
     if idle(flat[i], flat[i + 1]) then ng = ng + 1; gone[ng] = flat[i] end
   end
   examined = examined + #flat / 2
-  for i = 1, ng, 500 do redis.call('HDEL', rate, unpack(gone, i, math.min(i + 499, ng))) end
+  chunked('HDEL', rate, gone, ng, 500)
   pruned = pruned + ng
 until scan == '0' or examined >= budget
 round = round + pruned
@@ -255,7 +251,7 @@ else
   if round > left and left > 0 and left <= budget then
     local flat = redis.call('HGETALL', rate)
     redis.call('DEL', rate)
-    for i = 1, #flat, 1000 do redis.call('HSET', rate, unpack(flat, i, math.min(i + 999, #flat))) end
+    chunked('HSET', rate, flat, #flat, 1000)
   end
 end
 return {trimmed, dead, removed, expired, pruned, scan == '0' and 0 or 1}

@@ -938,3 +938,38 @@ def test_a_heartbeat_runs_the_same_few_commands_whatever_the_channel_holds(
             ("HSET", ch.keys.status),
             ("HDEL", ch.keys.beat),
         ]
+        # and a plain beat (no status to change, nothing to drop): four commands
+        r.slowlog_reset()
+        again = [x if i % 3 != 2 else "" for i, x in enumerate(triples)]
+        bus._io.script(*bind.beat(ch.keys, lease_ms, 1000, again))
+        assert [c[0] for c in _script_argc(r)] == ["TIME", "HGETALL", "HMGET", "HSET"]
+
+
+def test_a_sweep_past_a_thousand_marks_reads_and_deletes_them_a_thousand_at_a_time(
+    logged: Server,
+) -> None:
+    # given: 500 broadcasts to 7 members, every member done with every one (3,500 marks)
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("lane-sweep-all", **OPEN)
+        a = ch.join("a")
+        members = [ch.join(f"m{i}") for i in range(7)]
+        for i in range(500):
+            a.send("all", f"b{i}")
+        for m in members:
+            while got := m.read(limit=100):
+                m.mark_done(got)
+        assert r.hlen(ch.keys.marks) == 3_500
+        bus._io.load("sweep")
+        r.slowlog_reset()
+        # when: the janitor sweeps
+        report = ch.sweep()
+        ran = _script_argc(r)
+        # then: all 500 go with their 3,500 marks, read and deleted 1,000 fields a command
+        assert report.trimmed == 500 and r.xlen(ch.keys.stream) == 0
+        assert r.hlen(ch.keys.marks) == 0
+        looks = [n - 2 for c, k, n in ran if c == "HMGET" and k == ch.keys.marks]
+        drops = [n - 2 for c, k, n in ran if c == "HDEL" and k == ch.keys.marks]
+        # (batches of 16 to 128 entries, then 200 in two commands, then the last 60)
+        assert looks == [16 * 7, 32 * 7, 64 * 7, 128 * 7, 1000, 400, 60 * 7]
+        assert drops == [1000, 1000, 1000, 500]
