@@ -20,6 +20,9 @@ a change that runs fewer of them on the same path is cheaper.
   channel's heartbeat costs every ``heartbeat_s``);
 - ``sweep, per entry trimmed``: one janitor pass (sweep.lua) trimming 999 entries every
   recipient is done with, per entry.
+- ``message life, 400 marks held``: ``send()``, ``wait()`` and ``mark_done`` of one message,
+  through the API, on a channel whose receipt marks already hold 400 fields (a hash Redis
+  would keep as a list, a scan per mark, were it not kept a table: ``keep_table``).
 
 ``--fleet`` counts instead the whole message of the scale figure's fleet (send, ``wait()``,
 ``mark_done``, channels of 10 agents) on one server and on Clusters of 1 and 3 shards, every
@@ -52,6 +55,7 @@ from typing import Any
 
 CALLS = 1_000
 BATCH = 100
+LIVES = 100
 HIGH = 1_000_000_000
 LIMITS: dict[str, Any] = {
     "routing": "open",
@@ -278,6 +282,21 @@ def worker() -> dict[str, float]:
             swept = _count_all([pid], cg, dumps, lambda: r.execute_command(*sweep))
             assert r.xlen(board.keys.stream) == 0, "the sweep left entries"
             out["sweep, per entry trimmed"] = swept[0] / trimmed
+            # a message's whole life (send(), wait(), mark_done) on a channel whose receipt
+            # marks hold 400 fields already (what a channel of modest traffic keeps between
+            # janitor passes), LIVES of them: every mark looked up in a hash of 400 to 500
+            lively = bus.channel("bench-ir-held", **LIMITS)
+            erin, fred = lively.join("erin"), lively.join("fred")
+            for _ in range(4):
+                erin.send_many([("fred", "x" * 64)] * BATCH)
+                fred.mark_done(fred.read(limit=BATCH))
+
+            def lives() -> None:
+                for _ in range(LIVES):
+                    erin.send("fred", "x" * 64, subject="s")
+                    fred.mark_done(fred.wait(5).messages)
+
+            out["message life, 400 marks held"] = _count_all([pid], cg, dumps, lives)[0] / LIVES
             bus.close()
             r.close()
     return out

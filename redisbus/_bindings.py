@@ -123,7 +123,7 @@ DELETE = _s("delete", "meta status inbox beat rest..", "force")
 DONE = _s("done", "stream inbox marks", "agent result ids..")
 JOIN = _s(
     "join",
-    "stream meta members parents status ids inbox beat",
+    "stream meta members parents status ids inbox beat marks idem",
     "name parent parented id replica host description skills lease",
 )
 LEAVE = _s("leave", _MEMBER, "agent id replica")

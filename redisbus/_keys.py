@@ -15,6 +15,8 @@
                              scan per field)
 {prefix}:{<channel>}:idem    hash: "SENDER\\nKEY" -> "id\\trecipients"
 {prefix}:{<channel>}:marks   hash: "ID\\nAGENT" -> read/done/failed/expired marks
+                             (both with "\\n#table", a long value written at join that keeps
+                             them hash tables: one lookup per field, also after a restart)
 {prefix}:{<channel>}:dlq     stream of dead letters
 {prefix}:{<channel>}:beat    hash: "AGENT\\nREPLICA" -> lease deadline (ms, Redis clock)
 {prefix}:{<channel>}:lim     string: where 0.1.0 cached what "#lim" holds; never

@@ -2,6 +2,7 @@
 --
 -- KEYS[1] stream  KEYS[2] meta  KEYS[3] members  KEYS[4] parents
 -- KEYS[5] status  KEYS[6] ids   KEYS[7] inbox    KEYS[8] beat
+-- KEYS[9] marks   KEYS[10] idem: kept hash tables (keep_table), looked up a field at a time
 -- ARGV[1] name   ARGV[2] parent name or id ("" for a root)   ARGV[3] parented: "1" if one was given
 -- ARGV[4] id for a new agent   ARGV[5] replica (consumer name)   ARGV[6] host
 -- ARGV[7] description   ARGV[8] skills (JSON array)   ARGV[9] lease (ms)
@@ -11,8 +12,8 @@
 -- The group is created at "$" inside this script, before the name can be addressed, so no
 -- message to the agent can ever precede its group.
 
-local stream, meta, members, parents, status, ids, inbox, beat =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local stream, meta, members, parents, status, ids, inbox, beat, marks, idem =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local name, parent, parent_given, new_id = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4]
 local replica, host, description, skills, lease = ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
 
@@ -50,6 +51,8 @@ if rec then
   end
   -- one more replica needs no memory (a consumer restarting at maxmemory must drain)
   soft('HSET', beat, name .. '\n' .. replica, now + lease)
+  keep_table(marks) -- (a channel a version before this one made)
+  keep_table(idem)
   pcall(redis.call, 'XGROUP', 'CREATE', stream, name, '$', 'MKSTREAM')
   return {1, r.id, r.depth, r.parent or '', s, 0}
 end
@@ -82,6 +85,8 @@ redis.call('HSET', parents, name, parent)
 redis.call('HSET', status, name, 'running')
 redis.call('HSET', ids, new_id, name)
 redis.call('HSETNX', inbox, name, 0)
+keep_table(marks)
+keep_table(idem)
 -- every send, read mark, mark done and broadcast writes inbox depths, and every wake-up
 -- reads and writes its agent's status: past a few members, hash tables (as_table) instead of
 -- lists to scan

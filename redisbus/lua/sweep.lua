@@ -20,7 +20,8 @@
 -- 2. Trim the stream's prefix that no recipient needs any more: entries every recipient is
 --    done with (their receipt marks say done, failed or expired), and entries older than the
 --    retention, whose undone recipients are acknowledged and counted down. Their receipt
---    marks and idempotency keys go with them.
+--    marks and idempotency keys go with them (a hash left with keep_table's field alone is
+--    made anew: see renew_table).
 -- 3. Remove consumers idle past ARGV[4] that have nothing pending (never one with pending
 --    entries: they would become unclaimable).
 -- 4. Forget rate state that says nothing any more (see below), so the rate hash follows the
@@ -182,6 +183,8 @@ while not stop and nd < budget do
 end
 chunked('HDEL', marks, gone, ng, 1000)
 chunked('HDEL', idem, ikeys, nk, 1000)
+if ng > 0 then renew_table(marks) end
+if nk > 0 then renew_table(idem) end
 local trimmed = 0
 if last then trimmed = redis.call('XTRIM', stream, 'MINID', next_id(last)) end
 for name, n in pairs(retired) do

@@ -135,6 +135,7 @@ def test_bench_instructions_counts_each_call() -> None:
         "mark_done, one message",
         "heartbeat, channel of 10",
         "sweep, per entry trimmed",
+        "message life, 400 marks held",
     }
     assert all(v > 10_000 for v in n.values()), n
     # a heartbeat renews ten replicas: more than one call's fixed cost (a quiet wake-up)
@@ -143,6 +144,9 @@ def test_bench_instructions_counts_each_call() -> None:
     # wake that finds its bell empty (so the pairs' send was taken off, not the wake counted
     # twice or not at all)
     assert n["wake, empty bell"] < n["wake, one message"] < n["send"] + n["wake, empty bell"] * 3
+    # a whole life is its three calls (and no scan of the 400 marks: the old list cost 1.4x)
+    life = n["send"] + n["wake, one message"] + n["mark_done, one message"]
+    assert 0.7 * life < n["message life, 400 marks held"] < 1.25 * life, n
 
 
 @pytest.mark.timeout(300)

@@ -15,7 +15,7 @@ import redis
 
 from redisbus import AsyncBus, Bus, BusConnectionError, BusSettings, InvalidInput
 from redisbus.testing import memory_bus
-from tests.support.servers import Server
+from tests.support.servers import Server, start_server, wait_for
 
 OPEN: dict[str, Any] = {
     "routing": "open",
@@ -23,6 +23,9 @@ OPEN: dict[str, Any] = {
     "sender_rate_burst": 0,
     "inbox_cap": 100_000,
 }
+
+
+TABLE = "\n#table"  # keep_table's field (_prelude.lua): marks and idem stay hash tables
 
 
 def lane_of(bus: Bus) -> Any:
@@ -839,6 +842,67 @@ def test_a_list_of_the_newest_reads_about_as_many_entries_and_their_marks_at_onc
         assert sizes == [100, 200]
 
 
+def _encodings(r: redis.Redis, ch: Any) -> tuple[str, str]:
+    return r.object("encoding", ch.keys.marks), r.object("encoding", ch.keys.idem)
+
+
+def test_receipt_marks_and_idempotency_keys_are_hash_tables_and_stay_so_over_a_restart(
+    tmp_path: Any,
+) -> None:
+    # given: a server with persistence, a channel of two, five messages sent with
+    # idempotency keys, read and marked done (five marks, five keys: Redis keeps hashes that
+    # small as lists, where every field a command names is a scan of them all)
+    srv = start_server("redis7", tmp_path, persistent=True)
+    try:
+        r = srv.client()
+        with Bus.from_url(srv.url) as bus:
+            ch = bus.channel("lane-tables", **OPEN)
+            a, b = ch.join("a"), ch.join("b")
+            for i in range(5):
+                a.send("b", f"m{i}", idempotency_key=f"k{i}")
+            got = b.read(limit=10)
+            b.mark_done(got)
+            # then: both are hash tables, holding the messages' fields and keep_table's
+            assert _encodings(r, ch) == ("hashtable", "hashtable")
+            assert sorted(r.hkeys(ch.keys.marks)) == sorted([TABLE, *(f"{m.id}\nb" for m in got)])
+            assert sorted(r.hkeys(ch.keys.idem)) == sorted([TABLE, *(f"a\nk{i}" for i in range(5))])
+            # and what reads them is not misled: the receipts say done, the inbox is empty
+            assert {str(x.status) for m in got for x in a.receipt(m.id)} == {"done"}
+            assert ch.counts() == {"a": 0, "b": 0} and not ch.repair()
+        # when: the server rewrites its AOF (an RDB base) and restarts from it
+        r.bgrewriteaof()
+        assert wait_for(lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, 30)
+        r.close()
+        srv.restart()
+        r = srv.client()
+        # then: the reloaded hashes are tables still (a list-sized hash without the long
+        # value would come back a list)
+        assert _encodings(r, ch) == ("hashtable", "hashtable")
+        assert r.hlen(ch.keys.marks) == 6
+    finally:
+        srv.stop()
+
+
+def test_a_join_makes_an_older_channels_receipt_marks_a_hash_table(redis7: Server) -> None:
+    # given: a channel whose marks and keys an older version wrote (lists: no long field)
+    r = redis7.client()
+    with Bus.from_url(redis7.url) as bus:
+        ch = bus.channel("lane-tables-old", **OPEN)
+        a, b = ch.join("a"), ch.join("b")
+        m = a.send("b", "x", idempotency_key="k")
+        b.mark_done(b.read(limit=10))
+        r.delete(ch.keys.marks, ch.keys.idem)
+        r.hset(ch.keys.marks, f"{m.id}\nb", "D1:1:1:")
+        r.hset(ch.keys.idem, "a\nk", f"{m.id}\tb")
+        assert _encodings(r, ch) == ("listpack", "listpack")
+        # when: an agent joins again (one more replica, as every process start does)
+        ch.join("b")
+        # then: both are tables, their fields kept
+        assert _encodings(r, ch) == ("hashtable", "hashtable")
+        assert r.hget(ch.keys.marks, f"{m.id}\nb") == "D1:1:1:"
+        assert a.send("b", "x", idempotency_key="k").id == m.id  # the key still replays
+
+
 def _script_argc(r: redis.Redis) -> list[tuple[str, str, int]]:
     """The commands scripts ran since the last SLOWLOG RESET (oldest first) as (name, first
     key, how many arguments it had: the slow log keeps 32, the last saying how many more)."""
@@ -873,11 +937,12 @@ def test_a_sweep_reads_and_deletes_a_batch_of_receipt_marks_at_once(logged: Serv
         # then: the 100 are trimmed, their marks and keys gone, the held one kept
         assert (report.trimmed, report.expired_undone) == (100, 0)
         assert [e[0] for e in r.xrange(ch.keys.stream) or ()] == [held]
-        assert r.hkeys(ch.keys.marks) == [f"{held}\nb"]
-        assert r.hlen(ch.keys.idem) == 0
+        assert sorted(r.hkeys(ch.keys.marks)) == [TABLE, f"{held}\nb"]
+        assert r.hkeys(ch.keys.idem) == [TABLE]
         # walked in batches of 16, 32 and 64 (stopping at the held one), each batch's marks
         # read in one command, whether b is a member looked up once, the marks and the keys
-        # of the 100 deleted in one command each
+        # of the 100 deleted in one command each; the idempotency keys, emptied (keep_table's
+        # field alone left), made anew (renew_table), the marks, holding one, left as they are
         keys = (ch.keys.marks, ch.keys.idem, ch.keys.inbox)
         trim = [c for c in ran if c[0] == "XRANGE" or (c[0] != "XTRIM" and c[1] in keys)]
         trim = [c for c in trim if not (c[0] == "XRANGE" and c[2] == 4)]  # (dead letters' look)
@@ -891,6 +956,11 @@ def test_a_sweep_reads_and_deletes_a_batch_of_receipt_marks_at_once(logged: Serv
             ("HEXISTS", ch.keys.inbox, 3),
             ("HDEL", ch.keys.marks, 2 + 100),
             ("HDEL", ch.keys.idem, 2 + 100),
+            ("HLEN", ch.keys.marks, 2),
+            ("HLEN", ch.keys.idem, 2),
+            ("HEXISTS", ch.keys.idem, 3),
+            ("DEL", ch.keys.idem, 2),
+            ("HSETNX", ch.keys.idem, 4),
         ]
 
 
@@ -959,7 +1029,7 @@ def test_a_sweep_past_a_thousand_marks_reads_and_deletes_them_a_thousand_at_a_ti
         for m in members:
             while got := m.read(limit=100):
                 m.mark_done(got)
-        assert r.hlen(ch.keys.marks) == 3_500
+        assert r.hlen(ch.keys.marks) == 3_500 + 1  # and keep_table's field
         bus._io.load("sweep")
         r.slowlog_reset()
         # when: the janitor sweeps
@@ -967,7 +1037,7 @@ def test_a_sweep_past_a_thousand_marks_reads_and_deletes_them_a_thousand_at_a_ti
         ran = _script_argc(r)
         # then: all 500 go with their 3,500 marks, read and deleted 1,000 fields a command
         assert report.trimmed == 500 and r.xlen(ch.keys.stream) == 0
-        assert r.hlen(ch.keys.marks) == 0
+        assert r.hkeys(ch.keys.marks) == [TABLE]
         looks = [n - 2 for c, k, n in ran if c == "HMGET" and k == ch.keys.marks]
         drops = [n - 2 for c, k, n in ran if c == "HDEL" and k == ch.keys.marks]
         # (batches of 16 to 128 entries, then 200 in two commands, then the last 60)
