@@ -148,7 +148,7 @@ SEND = _s(
 SETTLE = _s("settle", "stream inbox marks status", "agent pairs..")
 SWEEP = _s(
     "sweep",
-    "stream inbox marks idem dlq meta rate nonces nonce_at",
+    "stream inbox marks idem dlq meta rate nonces nonce_at status",
     "lease max_deliveries retention idle budget keep",
 )
 VIEW = _s(

@@ -207,10 +207,12 @@ end
 -- that carries it (a name no member can have: members' names hold no control characters) is
 -- gone again at once, so the hash holds what it held. (The rate hash keeps its long value
 -- for good, the '#table' field send.lua writes with the limits: no command of its own. The
--- hashes this is for hold their members' fields and nothing else.)
+-- hashes this is for hold their members' fields and nothing else.) Skipped at maxmemory (soft).
+-- An RDB reload makes such a hash, if it fits, a list again: sweep.lua looks (OBJECT ENCODING).
 local function as_table(key)
-  redis.call('HSET', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, one lookup per field')
-  redis.call('HDEL', key, '\n#table')
+  if soft('HSET', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, one lookup per field') then
+    redis.call('HDEL', key, '\n#table')
+  end
 end
 
 -- keep hash `key` a hash table for good, whatever it holds: one field ('\n#table', which no

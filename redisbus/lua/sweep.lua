@@ -3,6 +3,7 @@
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] marks  KEYS[4] idem  KEYS[5] dlq  KEYS[6] meta
 -- KEYS[7] rate (token buckets, dampeners, circuit breakers, chain counts)
 -- KEYS[8] nonces  KEYS[9] nonce_at: the nonce times (the replay record of signed entries)
+-- KEYS[10] status
 -- ARGV[1] lease (ms)  ARGV[2] max_deliveries  ARGV[3] retention (ms)
 -- ARGV[4] idle time (ms) after which a consumer with nothing pending is removed
 -- ARGV[5] budget: the work per call: at most this many entries trimmed, and at most this many
@@ -28,9 +29,14 @@
 --    pairs that are active, not every pair that ever was.
 -- 5. Forget the replay record's pairs past the horizon (each fetch forgets only a few): a
 --    copy of an entry that old is stale anyway (its signing time is outside the window).
+-- 6. Keep the hashes looked up a field at a time hash tables: the receipt marks and
+--    idempotency keys of a channel an older version made get keep_table's field (HSETNX:
+--    nothing written when it is there), and the inbox depths and statuses of a channel past
+--    16 members, which join.lua made tables (as_table) and a restart reloaded as lists (an RDB
+--    reload makes a hash that fits a list a list), are made tables again.
 
 local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local rate = KEYS[7]
+local rate, status = KEYS[7], KEYS[10]
 local lease, max_deliveries, retention = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local consumer_idle, budget = tonumber(ARGV[4]), tonumber(ARGV[5])
 local nonces, nonce_at, keep = KEYS[8], KEYS[9], tonumber(ARGV[6] or '') or 0
@@ -123,6 +129,8 @@ if swept_to ~= resume then soft('HSET', meta, 'sweep_after', swept_to) end
 --    someone still holds) and double up to 200; a batch's receipt marks are read with one
 --    HMGET (at most 1,000 fields a command), whether a name is a member once per call, and
 --    the marks and idempotency keys of what goes are deleted 1,000 fields a command.
+keep_table(marks) -- (6.)
+keep_table(idem)
 local cut_ms = now - retention
 local nd, last, expired, retired = 0, nil, 0, {}
 local gone, ng, ikeys, nk = {}, 0, {}, 0 -- the trimmed entries' marks and idempotency keys
@@ -255,6 +263,13 @@ else
     local flat = redis.call('HGETALL', rate)
     redis.call('DEL', rate)
     chunked('HSET', rate, flat, #flat, 1000)
+  end
+end
+-- 6. (the marks' and keys' field is looked for before the trim, which renews them emptied)
+if redis.call('HLEN', inbox) > 16 then
+  for _, key in ipairs({inbox, status}) do
+    local ok, kind = pcall(redis.call, 'OBJECT', 'ENCODING', key)
+    if ok and (kind == 'listpack' or kind == 'ziplist') then as_table(key) end
   end
 end
 return {trimmed, dead, removed, expired, pruned, scan == '0' and 0 or 1}
