@@ -24,8 +24,9 @@ AGENT_COMMANDS = (
     "+xclaim +xautoclaim +xpending +xrange +xrevrange +xlen +xinfo +xgroup +xtrim +xdel "
     "+rpush +lpop +blpop +lrange +ltrim +lrem +llen "
     "+evalsha +eval +script|load +script|exists +hget +hset +hsetnx +hmget +hgetall +hdel "
-    "+hincrby +hincrbyfloat +hexists +hlen +hkeys +hscan +sadd +smembers +srem +sismember "
-    "+scard +zadd +zrem +zrangebyscore +get +set +del +exists +expire +pexpire +pttl"
+    "+hincrby +hincrbyfloat +hexists +hlen +hkeys +hscan +object|encoding +sadd +smembers "
+    "+srem +sismember +scard +zadd +zrem +zrangebyscore +get +set +del +exists +expire "
+    "+pexpire +pttl"
 )
 
 

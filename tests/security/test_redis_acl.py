@@ -131,6 +131,33 @@ def test_the_bus_runs_under_the_agent_user(acl_redis: dict[str, Any]) -> None:
         bus.close()
 
 
+def test_the_janitor_keeps_the_hashes_tables_under_the_agent_user(
+    acl_redis: dict[str, Any],
+) -> None:
+    # given: a channel of 20 under the agent user whose inbox depths were written back as a
+    # list (what a restart's reload makes of join's table: a hash that fits a list)
+    from redisbus import Bus
+
+    agent = connect(acl_redis, "agent")
+    password = acl_redis["passwords"]["agent"]
+    bus = Bus.from_url(f"redis://agent:{password}@127.0.0.1:{acl_redis['port']}/0")
+    try:
+        ch = bus.channel("big", routing="open")
+        for i in range(20):
+            ch.join(f"a{i}")
+        depths = agent.hgetall(ch.keys.inbox)
+        agent.delete(ch.keys.inbox)
+        agent.hset(ch.keys.inbox, mapping=depths)
+        assert agent.object("encoding", ch.keys.inbox) in ("listpack", "ziplist")
+        # when: the janitor passes, as the agent user (OBJECT ENCODING is the agent's too)
+        ch.sweep()
+        # then: a table again, the same depths
+        assert agent.object("encoding", ch.keys.inbox) == "hashtable"
+        assert agent.hgetall(ch.keys.inbox) == depths
+    finally:
+        bus.close()
+
+
 def test_default_user_is_off(acl_redis: dict[str, Any]) -> None:
     # A raw socket: redis-py would retry the refused handshake with backoff.
     with socket.create_connection(("127.0.0.1", acl_redis["port"]), timeout=5) as s:
