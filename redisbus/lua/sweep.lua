@@ -30,8 +30,8 @@
 -- 5. Forget the replay record's pairs past the horizon (each fetch forgets only a few): a
 --    copy of an entry that old is stale anyway (its signing time is outside the window).
 -- 6. Keep the hashes looked up a field at a time hash tables: the receipt marks and
---    idempotency keys of a channel an older version made get keep_table's field (HSETNX:
---    nothing written when it is there), and the inbox depths and statuses of a channel past
+--    idempotency keys of a channel an older version made, and the replay record while
+--    signing is on, get keep_table's field (HSETNX: nothing written when it is there), and the inbox depths and statuses of a channel past
 --    16 members, which join.lua made tables (as_table) and a restart reloaded as lists (an RDB
 --    reload makes a hash that fits a list a list), are made tables again.
 
@@ -52,6 +52,8 @@ if keep > 0 and nonce_at then
     redis.call('ZREM', nonce_at, unpack(old))
     forgot = forgot + #old
   end
+  if forgot > 0 then renew_table(nonces) end
+  keep_table(nonces) -- (6.: every signed entry handed out looks its pair up)
 end
 if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
 local function next_id(id)
