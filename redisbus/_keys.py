@@ -22,6 +22,7 @@
 {prefix}:{<channel>}:lim     string: where 0.1.0 cached what "#lim" holds; never
                              written now, deleted by configure and when send.lua refills "#lim"
 {prefix}:{<channel>}:nonce   hash: "KID:NONCE" of a signed entry -> the first entry id carrying it
+                             (with "\\n#table" while it holds pairs, as marks)
 {prefix}:{<channel>}:b:<agent>  list: the agent's doorbell, the ids of the entries addressed to
                              it that its waits have not taken yet (wake.lua), in stream order
 {prefix}:{<channel>}:w:<agent>  list: the agent's wakeup, one item ('') while its bell holds ids

@@ -63,6 +63,7 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("HSETNX", "{key}", "f", "v"),
     ("HINCRBY", "{key}", "f", "1"),
     ("HSCAN", "{key}", "0"),
+    ("OBJECT", "ENCODING", "{key}"),
     ("RPUSH", "{key}", "0-1"),
     ("LPOP", "{key}", "1"),
     ("BLPOP", "{key}", "0.01"),

@@ -30,8 +30,8 @@
 -- 5. Forget the replay record's pairs past the horizon (each fetch forgets only a few): a
 --    copy of an entry that old is stale anyway (its signing time is outside the window).
 -- 6. Keep the hashes looked up a field at a time hash tables: the receipt marks and
---    idempotency keys of a channel an older version made, and the replay record while
---    signing is on, get keep_table's field (HSETNX: nothing written when it is there), and the inbox depths and statuses of a channel past
+--    idempotency keys of a channel an older version made, and the replay record while it
+--    holds pairs, get keep_table's field (HSETNX: nothing written when it is there), and the inbox depths and statuses of a channel past
 --    16 members, which join.lua made tables (as_table) and a restart reloaded as lists (an RDB
 --    reload makes a hash that fits a list a list), are made tables again.
 
@@ -52,8 +52,6 @@ if keep > 0 and nonce_at then
     redis.call('ZREM', nonce_at, unpack(old))
     forgot = forgot + #old
   end
-  if forgot > 0 then renew_table(nonces) end
-  keep_table(nonces) -- (6.: every signed entry handed out looks its pair up)
 end
 if redis.call('EXISTS', stream) == 0 then return {0, 0, 0, 0} end
 local function next_id(id)
@@ -267,7 +265,18 @@ else
     chunked('HSET', rate, flat, #flat, 1000)
   end
 end
--- 6. (the marks' and keys' field is looked for before the trim, which renews them emptied)
+-- 6. (the marks' and keys' field is looked for before the trim, which renews them emptied).
+--    The replay record is kept a table while it holds pairs, and goes with its last one as
+--    it did before the field (fetches forget pairs too): no record on a channel that does not
+--    sign, though keep is never 0.
+if keep > 0 and nonce_at then
+  local n = redis.call('HLEN', nonces)
+  if n == 1 and redis.call('HEXISTS', nonces, '\n#table') == 1 then
+    redis.call('DEL', nonces)
+  elseif n > 0 then
+    keep_table(nonces)
+  end
+end
 if redis.call('HLEN', inbox) > 16 then
   for _, key in ipairs({inbox, status}) do
     local ok, kind = pcall(redis.call, 'OBJECT', 'ENCODING', key)

@@ -958,6 +958,7 @@ def test_a_sweep_reads_and_deletes_a_batch_of_receipt_marks_at_once(logged: Serv
         assert [e[0] for e in r.xrange(ch.keys.stream) or ()] == [held]
         assert sorted(r.hkeys(ch.keys.marks)) == [TABLE, f"{held}\nb"]
         assert r.hkeys(ch.keys.idem) == [TABLE]
+        assert not r.exists(ch.keys.nonces)  # (no signing: no replay record, not even the field)
         # walked in batches of 16, 32 and 64 (stopping at the held one), each batch's marks
         # read in one command, whether b is a member looked up once, the marks and the keys
         # of the 100 deleted in one command each; the idempotency keys, emptied (keep_table's
