@@ -199,6 +199,22 @@ local function trip(meta, rate, who, now)
   redis.call('HSET', rate, 'b\n' .. who, n .. ' ' .. first .. ' ' .. until_ms)
 end
 
+-- keep hash `key` a hash table for good, whatever it holds: one field ('\n#table', which no
+-- "ID\nAGENT" or "SENDER\nKEY" field can be: an entry id and a sender are never empty) whose
+-- value is longer than hash-max-listpack-value. For the hashes that grow with the traffic and
+-- are only ever looked up a field at a time (the receipt marks, the idempotency keys): kept as
+-- a list, up to hash-max-listpack-entries fields (512 by default), every mark a wake-up, read
+-- or mark_done looks up or writes is a scan of them all (at 300 marks, 18% of a message's
+-- server instructions, callgrind). Unlike as_table's, this table survives a restart: Redis
+-- reloads a hash holding a long value as a table. It costs a channel about 300 bytes a hash
+-- while it has no fields. Skipped at maxmemory under EVALSHA (soft); a function with the flag
+-- allow-oom (join, sweep) makes the table there too: a list of up to 512 fields, once.
+-- Returns 1 when it wrote the field.
+local function keep_table(key)
+  return soft('HSETNX', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, '
+    .. 'one lookup per field, not a scan of all')
+end
+
 -- make hash `key` a hash table if Redis still keeps it as a list. Up to
 -- hash-max-listpack-entries fields (512 by default) Redis keeps a hash as a list, where every
 -- field a command names is a scan of them all: at 100 members, each inbox depth a broadcast
@@ -211,33 +227,19 @@ end
 -- under EVALSHA (soft); under allow-oom (join, sweep) the table is made there too, once.
 -- An RDB reload makes such a hash, if it fits, a list again: sweep.lua looks (OBJECT ENCODING).
 local function as_table(key)
-  if soft('HSET', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, one lookup per field') then
-    redis.call('HDEL', key, '\n#table')
-  end
-end
-
--- keep hash `key` a hash table for good, whatever it holds: one field ('\n#table', which no
--- "ID\nAGENT" or "SENDER\nKEY" field can be: an entry id and a sender are never empty) whose
--- value is longer than hash-max-listpack-value. For the hashes that grow with the traffic and
--- are only ever looked up a field at a time (the receipt marks, the idempotency keys): kept as
--- a list, up to hash-max-listpack-entries fields (512 by default), every mark a wake-up, read
--- or mark_done looks up or writes is a scan of them all (at 300 marks, 18% of a message's
--- server instructions, callgrind). Unlike as_table's, this table survives a restart: Redis
--- reloads a hash holding a long value as a table. It costs a channel about 300 bytes a hash
--- while it has no fields. Skipped at maxmemory under EVALSHA (soft); a function with the flag
--- allow-oom (join, sweep) makes the table there too: a list of up to 512 fields, once.
-local function keep_table(key)
-  soft('HSETNX', key, '\n#table', 'a value over 64 bytes: Redis keeps this hash a table, '
-    .. 'one lookup per field, not a scan of all')
+  if keep_table(key) == 1 then redis.call('HDEL', key, '\n#table') end
 end
 
 -- after fields of a hash keep_table keeps were deleted: when keep_table's field is all that is
--- left, the hash is made anew. Redis shrinks a hash table only a step at a time as commands
+-- left, the hash is made anew (`again`) or let go. Returns how many fields it holds now. Redis shrinks a hash table only a step at a time as commands
 -- use it, so a hash emptied after a burst kept its peak's buckets (590 KB after 39,800
 -- marks, until the next traffic) where the list it was before went with its last field.
-local function renew_table(key)
-  if redis.call('HLEN', key) == 1 and redis.call('HEXISTS', key, '\n#table') == 1 then
+local function renew_table(key, again)
+  local n = redis.call('HLEN', key)
+  if n == 1 and redis.call('HEXISTS', key, '\n#table') == 1 then
     redis.call('DEL', key)
-    keep_table(key)
+    if again then keep_table(key) end
+    return 0
   end
+  return n
 end

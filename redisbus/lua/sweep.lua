@@ -31,9 +31,10 @@
 --    copy of an entry that old is stale anyway (its signing time is outside the window).
 -- 6. Keep the hashes looked up a field at a time hash tables: the receipt marks and
 --    idempotency keys of a channel an older version made, and the replay record while it
---    holds pairs, get keep_table's field (HSETNX: nothing written when it is there), and the inbox depths and statuses of a channel past
---    16 members, which join.lua made tables (as_table) and a restart reloaded as lists (an RDB
---    reload makes a hash that fits a list a list), are made tables again.
+--    holds pairs, get keep_table's field (HSETNX: nothing written when it is there), and the
+--    inbox depths and statuses of a channel past 16 members, which join.lua made tables
+--    (as_table) and a restart reloaded as lists (an RDB reload makes a hash that fits a list a
+--    list), are made tables again.
 
 local stream, inbox, marks, idem, dlq, meta = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local rate, status = KEYS[7], KEYS[10]
@@ -191,8 +192,8 @@ while not stop and nd < budget do
 end
 chunked('HDEL', marks, gone, ng, 1000)
 chunked('HDEL', idem, ikeys, nk, 1000)
-if ng > 0 then renew_table(marks) end
-if nk > 0 then renew_table(idem) end
+if ng > 0 then renew_table(marks, true) end
+if nk > 0 then renew_table(idem, true) end
 local trimmed = 0
 if last then trimmed = redis.call('XTRIM', stream, 'MINID', next_id(last)) end
 for name, n in pairs(retired) do
@@ -269,14 +270,7 @@ end
 --    The replay record is kept a table while it holds pairs, and goes with its last one as
 --    it did before the field (fetches forget pairs too): no record on a channel that does not
 --    sign, though keep is never 0.
-if keep > 0 and nonce_at then
-  local n = redis.call('HLEN', nonces)
-  if n == 1 and redis.call('HEXISTS', nonces, '\n#table') == 1 then
-    redis.call('DEL', nonces)
-  elseif n > 0 then
-    keep_table(nonces)
-  end
-end
+if keep > 0 and nonce_at and renew_table(nonces, false) > 0 then keep_table(nonces) end
 if redis.call('HLEN', inbox) > 16 then
   for _, key in ipairs({inbox, status}) do
     local ok, kind = pcall(redis.call, 'OBJECT', 'ENCODING', key)
