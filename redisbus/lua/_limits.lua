@@ -33,15 +33,20 @@ local function limits_of(cfg)
 end
 
 -- "tokens now_ms": the value of a bucket left with `tokens` at `now_s` (the call's clock, as
--- text). The same numbers recur across a broadcast's recipients (full buckets): each value is
--- made once per clock reading (a Functions library keeps this memo from call to call, so it
--- starts again whenever the clock it was made for is not this call's).
-local bucket_values, bucket_values_at = {}, nil
+-- text). Lua writes a number out with a printf of a float (about 4,000 instructions), and the
+-- counts recur: a bucket refilled to its burst is left with burst - 1, and a broadcast's
+-- recipients' equal buckets with one count. So each count's text is made once and kept (a
+-- Functions library keeps this memo from call to call: up to 64 counts, then it starts
+-- again), and a value is that text and the clock's joined.
+local token_texts, token_texts_kept = {}, 0
 local function bucket_value(tokens, now_s)
-  if now_s ~= bucket_values_at then bucket_values, bucket_values_at = {}, now_s end
-  local s = bucket_values[tokens]
-  if not s then s = tokens .. ' ' .. now_s; bucket_values[tokens] = s end
-  return s
+  local t = token_texts[tokens]
+  if not t then
+    if token_texts_kept == 64 then token_texts, token_texts_kept = {}, 0 end
+    t = tokens .. ''
+    token_texts[tokens], token_texts_kept = t, token_texts_kept + 1
+  end
+  return t .. ' ' .. now_s
 end
 
 -- token bucket "tokens last_ms" at `now` (ms), with `burst` tokens refilled at `per_s`:

@@ -5,6 +5,7 @@ together with the string key older versions cached them in, which a send ignores
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -152,3 +153,52 @@ def test_a_plain_send_runs_nine_commands(srv: str, request: pytest.FixtureReques
     verb = bus._io.verb  # FCALL, or EVALSHA on 6.2 (or with REDISBUS_FUNCTIONS=false)
     assert seen == {verb: 1, "TIME": 1, "HMGET": 3, "XADD": 1, "RPUSH": 1, "HSET": 2}, seen
     assert r.llen(ch.keys.bell("b")) == 2 and r.llen(ch.keys.wakeup("b")) == 1
+
+
+def _now_ms(r: Any) -> int:
+    s, us = r.time()
+    return int(s) * 1000 + int(us) // 1000
+
+
+def test_bucket_values_are_the_tokens_left_and_the_clock_of_each_send(
+    bus: Any, chan_name: str
+) -> None:
+    # given a pair bucket and a sender bucket that refill slowly, so each send leaves a count
+    # of tokens not seen before: more than the 64 counts whose text the library keeps
+    ch = bus.channel(
+        chan_name,
+        routing="open",
+        inbox_cap=1_000,
+        pair_rate_burst=500,
+        pair_rate_per_s=0.01,
+        sender_rate_burst=400,
+        sender_rate_per_s=0.01,
+    )
+    a, _ = ch.join("a"), ch.join("b")
+    r = bus.redis
+    for i in range(80):
+        # when a sends one more message to b
+        before = _now_ms(r)
+        a.send("b", f"{i}")
+        after = _now_ms(r)
+        # then each bucket holds the tokens it was left with, as Lua writes the number, and
+        # this send's clock: its own value, never another count's or another send's
+        for field, burst in (("p\na\nb", 500), ("s\na", 400)):
+            tokens, at = r.hget(ch.keys.rate, field).split(" ")
+            assert burst - i - 1 <= float(tokens) < burst - i, (i, field, tokens)
+            assert tokens == f"{float(tokens):.14g}", tokens
+            assert before <= int(at) <= after, (i, field, at)
+    # and buckets refilled to their burst at every send leave one count, 999, whose text
+    # each send reuses with its own clock
+    full = bus.channel(chan_name + "-full", **{**OPEN, "pair_rate_per_s": 1_000_000})
+    c, _ = full.join("a"), full.join("b")
+    seen = set()
+    for i in range(30):
+        before = _now_ms(r)
+        c.send("b", f"{i}")
+        after = _now_ms(r)
+        tokens, at = r.hget(full.keys.rate, "p\na\nb").split(" ")
+        assert tokens == "999" and before <= int(at) <= after, (i, tokens, at)
+        seen.add(at)
+        time.sleep(0.002)
+    assert len(seen) > 1
