@@ -14,9 +14,10 @@
 -- (for one id the agent read, the delivery time is the read time: see below).
 
 local stream, inbox, marks, agent, result = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
--- the clock as a number and as text: the mark is written from text (Lua turns a number into
--- text with a printf of a float, the costliest step of this script when it did)
-local now, now_s = clock()
+-- the clock as text: the mark is written from text (Lua turns a number into text with a
+-- printf of a float, the costliest step of this script when it did); as a number only where
+-- a delivery time is worked out (the second pass)
+local now_s = time_text(redis.call('TIME'))
 
 local function addressed_here(id) -- is entry `id` addressed to the agent?
   local e = redis.call('XRANGE', stream, id, id)[1]
@@ -77,7 +78,7 @@ end
 for _, p in ipairs(plan) do
   local id, mark, pel = p[1], p[2], p[3]
   local idle = pel[3] -- ms since the delivery: the delivery is that long before now
-  local delivered = idle == 0 and now_s or string.format('%d', now - tonumber(idle))
+  local delivered = idle == 0 and now_s or string.format('%d', tonumber(now_s) - tonumber(idle))
   local read = ''
   if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
   if read == '' then read = now_s end

@@ -58,7 +58,8 @@ elseif not blocked then -- no wait took the wakeup the bell's ids rang: it is st
 end
 if nr == 0 then return {t[1], t[2], false, redis.call('HGET', status, agent) or false, {}} end
 local now_s = time_text(t) -- marks carry it as text
-local now = tonumber(now_s)
+-- (as a number for the replay record, and for a ttl below: Lua's tonumber is a strtod)
+local now = keep > 0 and tonumber(now_s) or nil
 
 -- the entry ids the bell names, each once (a stream id within Redis's range)
 local want, seen = {}, {}
@@ -136,7 +137,8 @@ if fresh[1] then
         clamp, kept = clamp or n == 1, n == 1
         if not replayed then replayed = {} end
         replayed[#replayed + 1] = eid
-      elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000 >= now then
+      elseif not ttl or tonumber(string.match(eid, '^(%d+)')) + ttl * 1000
+        >= (now or tonumber(now_s)) then
         if not premarked then
           reads[#reads + 1], reads[#reads + 2] = eid .. '\n' .. agent, 'R' .. now_s
         end

@@ -69,6 +69,26 @@ def test_message_lifecycle_queued_delivered_read_done(bus: Any, chan_name: str) 
     assert designer.channel.counts()["designer"] == 0
 
 
+def test_messages_marked_done_together_keep_when_each_was_delivered(
+    bus: Any, chan_name: str
+) -> None:
+    # given: two messages the designer read, then worked on for a while
+    _, _, writer, designer = team(bus, chan_name)
+    sent = [writer.send("designer", f"part {i}") for i in range(2)]
+    got = designer.read()
+    read = [writer.receipt(r)[0] for r in sent]
+    time.sleep(0.3)
+    # when: both are marked done in one call
+    assert designer.mark_done(got) is True
+    # then: each receipt keeps when it was delivered and read (the read, not the done)
+    for before, r in zip(read, sent, strict=True):
+        rec = writer.receipt(r)[0]
+        assert rec.status == "done" and rec.read_at == before.read_at
+        assert rec.delivered_at is not None and rec.done_at is not None
+        assert rec.delivered_at <= rec.read_at + timedelta(milliseconds=50)
+        assert rec.done_at - rec.delivered_at >= timedelta(milliseconds=250)
+
+
 def test_a_receipt_is_looked_up_by_the_receipt_send_returned(bus: Any, chan_name: str) -> None:
     _, _, writer, designer = team(bus, chan_name)
     r = writer.send("designer", "hello")

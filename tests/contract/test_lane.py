@@ -1066,3 +1066,31 @@ def test_a_sweep_past_a_thousand_marks_reads_and_deletes_them_a_thousand_at_a_ti
         # (batches of 16 to 128 entries, then 200 in two commands, then the last 60)
         assert looks == [16 * 7, 32 * 7, 64 * 7, 128 * 7, 1000, 400, 60 * 7]
         assert drops == [1000, 1000, 1000, 500]
+
+
+@pytest.mark.parametrize("waited", [False, True], ids=["busy", "waited"])
+def test_a_wake_up_expires_a_rung_message_whose_ttl_passed_on_the_server(
+    logged: Server, waited: bool
+) -> None:
+    # given: a message with a short ttl rung for b, while b was busy or blocked in wait()
+    r = logged.client()
+    with Bus.from_url(logged.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel(f"lane-ttl-{waited}", **OPEN)
+        a, b = _past_one_cycle(ch)
+        if waited:  # (its next waits block on the wakeup at once)
+            assert b.wait(timeout=0.2).kind == "timeout"
+        sent = a.send("b", "soon stale", ttl_s=0.05)
+        time.sleep(0.15)
+        r.slowlog_reset()
+        # when: b waits
+        got = b.wait(timeout=0.2)
+        # then: the wake-up handed nothing over and marked the entry expired on the server:
+        # acknowledged, counted out of b's inbox, its receipt says so (no flush, no read),
+        # with no expiry left for the client to settle ("x" op)
+        assert got.kind == "timeout"
+        settles = [c for c in _script_calls(r) if c[1] == bus._io.sha["settle"]]
+        assert not any("x" in c[3 + int(c[2]) :] for c in settles), settles
+        assert r.hget(b._keys.marks, f"{sent.id}\nb").startswith("X")
+        assert r.xpending(b._keys.stream, "b")["pending"] == 0
+        assert int(r.hget(b._keys.inbox, "b") or 0) == 0
+        assert a.receipt(sent.id)[0].status == "expired"
