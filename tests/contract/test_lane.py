@@ -1090,7 +1090,7 @@ def test_a_wake_up_expires_a_rung_message_whose_ttl_passed_on_the_server(
         assert got.kind == "timeout"
         settles = [c for c in _script_calls(r) if c[1] == bus._io.sha["settle"]]
         assert not any("x" in c[3 + int(c[2]) :] for c in settles), settles
-        assert r.hget(b._keys.marks, f"{sent.id}\nb").startswith("X")
+        assert str(r.hget(b._keys.marks, f"{sent.id}\nb")).startswith("X")
         assert r.xpending(b._keys.stream, "b")["pending"] == 0
         assert int(r.hget(b._keys.inbox, "b") or 0) == 0
         assert a.receipt(sent.id)[0].status == "expired"
