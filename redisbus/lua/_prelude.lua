@@ -231,9 +231,10 @@ local function as_table(key)
 end
 
 -- after fields of a hash keep_table keeps were deleted: when keep_table's field is all that is
--- left, the hash is made anew (`again`) or let go. Returns how many fields it holds now. Redis shrinks a hash table only a step at a time as commands
--- use it, so a hash emptied after a burst kept its peak's buckets (590 KB after 39,800
--- marks, until the next traffic) where the list it was before went with its last field.
+-- left, the hash is made anew (`again`) or let go. Returns how many fields it holds now.
+-- Redis shrinks a hash table only a step at a time as commands use it, so a hash emptied
+-- after a burst kept its peak's buckets (590 KB after 39,800 marks, until the next traffic)
+-- where the list it was before went with its last field.
 local function renew_table(key, again)
   local n = redis.call('HLEN', key)
   if n == 1 and redis.call('HEXISTS', key, '\n#table') == 1 then

@@ -15,8 +15,8 @@
 
 local stream, inbox, marks, agent, result = KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2]
 -- the clock as text: the mark is written from text (Lua turns a number into text with a
--- printf of a float, the costliest step of this script when it did); as a number only where
--- a delivery time is worked out (the second pass)
+-- printf of a float, the costliest step of this script when it did); as a number only in the
+-- second pass, where delivery times are worked out
 local now_s = time_text(redis.call('TIME'))
 
 local function addressed_here(id) -- is entry `id` addressed to the agent?
@@ -75,10 +75,11 @@ if refused then
 end
 
 -- second pass: every id is fine, act
+local now = tonumber(now_s)
 for _, p in ipairs(plan) do
   local id, mark, pel = p[1], p[2], p[3]
   local idle = pel[3] -- ms since the delivery: the delivery is that long before now
-  local delivered = idle == 0 and now_s or string.format('%d', tonumber(now_s) - tonumber(idle))
+  local delivered = idle == 0 and now_s or string.format('%d', now - tonumber(idle))
   local read = ''
   if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
   if read == '' then read = now_s end
