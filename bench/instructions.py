@@ -31,6 +31,12 @@ work of the same span taken out; and beside it, on one server counted the same w
 Streams life of the same walk (``XADD`` to the recipient's stream, ``XREADGROUP`` of it,
 ``XACK``: one stream and one group per agent), the baseline of the ≤ 4x target.
 
+``--design`` counts a message's life (send, read, acknowledgement, a round trip each) four
+ways: raw Streams on one stream that grows as a channel's does, raw Streams on 300 streams of a
+few entries (``--fleet``'s baseline's shape), the smallest design that keeps the bus's features
+(``bench/design_floor.lua``, a yardstick, not redisbus) and redisbus, with the server commands
+each runs per life.
+
 ``--against DIR`` counts the same calls with the ``redisbus`` package found in DIR (an older
 checkout, say) in the same run, for a before/after table. Needs ``valgrind`` and
 ``redis-server`` on PATH (Debian: ``apt-get install valgrind redis-server``).
@@ -372,6 +378,94 @@ def floor() -> dict[str, float]:
     return out
 
 
+#: What ``--design`` counts the life of: the same message each way, in a channel of two.
+DESIGN_LIVES = 1_000
+
+
+def design(lives: int = DESIGN_LIVES) -> dict[str, dict[str, float]]:
+    """``--design``: a message's life (its send, the read of it, its acknowledgement, each a
+    round trip of its own) counted four ways on one server: raw Streams on one stream that
+    grows as a channel's does; raw Streams on 300 streams of a few entries each (the shape of
+    ``--fleet``'s baseline, whose reads walk almost nothing); the smallest design that keeps
+    the bus's features (``bench/design_floor.lua``); and this checkout's redisbus. Instructions
+    and server commands per life (those the functions run included)."""
+    import redis
+
+    from bench.scale_load import QUIET
+    from redisbus import Bus, BusSettings
+
+    fields = {"f": "alice", "t": "bob", "b": "x" * 64, "s": "s"}
+    lib = (Path(__file__).resolve().parent / "design_floor.lua").read_text()
+    out: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cg = os.path.join(tmp, "cg")
+        with _server(cg) as (port, pid):
+            r = redis.Redis(port=port, decode_responses=True)
+            dumps: dict[int, int] = {}
+
+            def counted(name: str, life: Callable[[], None], n: int = lives) -> None:
+                def run() -> None:
+                    for _ in range(n):
+                        life()
+
+                run()  # warm (and the stream as deep as it will be)
+                before = r.info("commandstats")
+                count = _count_all([pid], cg, dumps, run)[0]
+                after = r.info("commandstats")
+                calls = sum(
+                    v["calls"] - before.get(k, {}).get("calls", 0)
+                    for k, v in after.items()
+                    if k != "cmdstat_info"
+                )
+                out[name] = {"instructions": count / n, "commands": calls / n}
+
+            r.xgroup_create("raw", "bob", id="$", mkstream=True)
+
+            def raw() -> None:
+                r.xadd("raw", fields)  # type: ignore[arg-type]
+                got: Any = r.xreadgroup("bob", "c", {"raw": ">"}, count=1)
+                assert r.xack("raw", "bob", got[0][1][0][0]) == 1
+
+            counted("raw Streams, one stream", raw)
+            shallow = [f"raw-{i}" for i in range(300)]
+            for s in shallow:
+                r.xgroup_create(s, "bob", id="$", mkstream=True)
+            turn = iter(range(10**9))
+
+            def raw_shallow() -> None:
+                s = shallow[next(turn) % len(shallow)]
+                r.xadd(s, fields)  # type: ignore[arg-type]
+                got: Any = r.xreadgroup("bob", "c", {s: ">"}, count=1)
+                assert r.xack(s, "bob", got[0][1][0][0]) == 1
+
+            counted("raw Streams, 300 streams of a few entries", raw_shallow, max(lives // 4, 1))
+            r.execute_command("FUNCTION", "LOAD", lib)
+            k = ("{f}:s", "{f}:state", "{f}:b:bob", "{f}:w:bob", "{f}:marks")
+            r.hset(k[1], mapping={"a\nalice": "running", "a\nbob": "running"})
+            r.xgroup_create(k[0], "bob", id="$", mkstream=True)
+
+            def floor_life() -> None:
+                r.fcall("floor_send", 4, k[0], k[1], k[2], k[3], *fields.values())
+                got: Any = r.fcall("floor_wake", 4, k[0], k[2], k[4], k[3], "bob", "c")
+                assert len(got[2]) == 1, got
+                assert r.fcall("floor_done", 3, k[0], k[1], k[4], "bob", "ok", got[2][0][0]) == 1
+
+            counted("smallest design keeping the features", floor_life)
+            with Bus.from_url(f"redis://127.0.0.1:{port}/0", settings=BusSettings(**QUIET)) as bus:
+                ch = bus.channel("design", **LIMITS)
+                alice, bob = ch.join("alice"), ch.join("bob")
+
+                def life() -> None:
+                    alice.send("bob", "x" * 64, subject="s")
+                    got = bob.wait(5).messages
+                    assert len(got) == 1, got
+                    assert bob.mark_done(got)
+
+                counted("redisbus", life)
+            r.close()
+    return out
+
+
 #: The fleet of ``--fleet``: channels of AGENTS agents, one turn of every agent to warm up,
 #: then FLEET_CYCLES counted (the cycle of ``bench.scale_load``: send, wait(), mark_done).
 FLEET_CHANNELS, AGENTS, FLEET_CYCLES = 30, 10, 600
@@ -570,6 +664,15 @@ def _print_table(head: str, results: list[tuple[str, dict[str, float]]]) -> None
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def _print_design(rows: dict[str, dict[str, float]]) -> None:
+    deep, shallow = (rows[k]["instructions"] for k in list(rows)[:2])
+    print("| a message's life | instructions | commands | / raw, one stream | / raw, 300 streams |")
+    print("|---|---|---|---|---|")
+    for name, v in rows.items():
+        n = v["instructions"]
+        print(f"| {name} | {n:,.0f} | {v['commands']:.2f} | {n / deep:.2f}x | {n / shallow:.2f}x |")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__)
     p.add_argument("--against", metavar="DIR", help="also count with the redisbus in DIR")
@@ -582,6 +685,12 @@ def main(argv: list[str] | None = None) -> int:
         "--floor",
         action="store_true",
         help="count bare commands (XADD, XREADGROUP, XCLAIM, an FCALL that does nothing)",
+    )
+    p.add_argument(
+        "--design",
+        action="store_true",
+        help="count a message's life on raw Streams, in the smallest design that keeps the bus's "
+        "features (bench/design_floor.lua) and in redisbus",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fleet-worker", action="store_true", help=argparse.SUPPRESS)
@@ -598,6 +707,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.floor:
         _print_table("bare call", [("instructions", floor())])
+        return 0
+    if args.design:
+        _print_design(design())
         return 0
     sides = [("this checkout", Path(__file__).resolve().parent.parent)]
     if args.against:

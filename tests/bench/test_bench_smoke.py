@@ -185,6 +185,34 @@ def test_bench_instructions_counts_the_fleet_on_each_topology() -> None:
     )
 
 
+@pytest.mark.timeout(300)
+def test_bench_instructions_counts_the_life_of_the_smallest_design_beside_redisbus() -> None:
+    # --design (docs/benchmarks.md quotes it): a message's life on raw Streams, in the
+    # smallest design that keeps the bus's features (bench/design_floor.lua), and in redisbus,
+    # each life run whole (the harness checks that each message was handed over and done)
+    require_tool("valgrind")
+    require_tool("callgrind_control")
+    from bench.instructions import design
+
+    got = design(lives=40)
+    deep, shallow, floor, bus = got.values()
+    assert list(got) == [
+        "raw Streams, one stream",
+        "raw Streams, 300 streams of a few entries",
+        "smallest design keeping the features",
+        "redisbus",
+    ]
+    # commands per life, those the functions run included: XADD, XREADGROUP, XACK; the
+    # design's three functions and 16 commands; redisbus's 23 (bench/SCALE.md's count)
+    assert deep["commands"] == shallow["commands"] == 3
+    assert floor["commands"] == 19
+    assert bus["commands"] >= floor["commands"]
+    # a read walks the stream's last node from its first entry: a stream of a few entries
+    # is cheaper to read than one as deep as a channel's
+    assert shallow["instructions"] < deep["instructions"] < floor["instructions"]
+    assert floor["instructions"] < bus["instructions"]
+
+
 def test_a_run_of_some_figures_leaves_the_committed_table_alone() -> None:
     # `python -m bench --only X` wrote its partial table over bench/RESULTS.md, the full run's
     from bench.__main__ import HERE, parse_args
