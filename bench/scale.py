@@ -87,6 +87,9 @@ class ScaleResult:
     #: server instructions per message by topology (``bench.instructions.fleet``), when
     #: valgrind is on PATH; else why not
     instructions: dict[str, dict[str, float]] | str = ""
+    #: a message's life on raw Streams, in the smallest design that keeps the bus's features
+    #: and in redisbus (``bench.instructions.design``), when valgrind is on PATH; else why not
+    design: dict[str, dict[str, float]] | str = ""
 
     @property
     def loaded(self) -> list[TopologyResult]:
@@ -147,6 +150,18 @@ def run(ctx: Ctx) -> Metrics:
         cluster = measure_topology(topo, ctx, sizes)
     result = ScaleResult(sizes, one, cluster, pc.version, single)
     result.instructions = instruction_counts(ctx.mode == "quick")
+    result.design = design_counts(ctx.mode == "quick")
+    if isinstance(result.design, dict):
+        floor = result.design["smallest design keeping the features"]
+        deep = result.design["raw Streams, one stream"]["instructions"]
+        ctx.note(
+            "scale: the smallest design that keeps the bus's features (bench/design_floor.lua, "
+            f"`python -m bench.instructions --design`) runs {floor['commands']:.0f} commands and "
+            f"{floor['instructions']:,.0f} instructions per life, "
+            f"{floor['instructions'] / deep:.2f}x raw Streams on one stream as deep as a "
+            "channel's: the ≤ 4x and ≤ 12-command "
+            "targets are measured against it in bench/SCALE.md"
+        )
     result.capacity = capacity(result)
     LAST[:] = [result]
     return metrics(result)
@@ -159,12 +174,26 @@ def instruction_counts(quick: bool = False) -> dict[str, dict[str, float]] | str
     valgrind)."""
     from bench import instructions
 
+    return _uncounted(quick) or instructions.fleet()
+
+
+def design_counts(quick: bool = False) -> dict[str, dict[str, float]] | str:
+    """A message's life counted on raw Streams, in the smallest design that keeps the bus's
+    features and in redisbus (``bench.instructions.design``): what a re-layout could reach.
+    Needs valgrind, as :func:`instruction_counts`; left out of a ``--quick`` run."""
+    from bench import instructions
+
+    return _uncounted(quick) or instructions.design()
+
+
+def _uncounted(quick: bool) -> str:
+    """Why instructions are not counted in this run ("" when they are)."""
     if quick:
         return "not counted in a --quick run"
     missing = [t for t in ("valgrind", "callgrind_control") if not shutil.which(t)]
     if missing:
         return f"not counted: needs {' and '.join(missing)} on PATH (Debian: valgrind)"
-    return instructions.fleet()
+    return ""
 
 
 def spread(counts: list[int]) -> float:
@@ -261,6 +290,14 @@ def metrics(r: ScaleResult) -> Metrics:
         out["one_ir"] = r.instructions["one server"]["per_msg"]
         out["cluster_ir"] = r.instructions["3-shard Cluster"]["per_msg"]
         out["ir_ratio"] = out["cluster_ir"] / out["one_ir"]
+        out["raw_ir"] = r.instructions["raw Streams, one server"]["per_msg"]
+        out["life_ratio"] = out["one_ir"] / out["raw_ir"]
+    if isinstance(r.design, dict):
+        floor = r.design["smallest design keeping the features"]
+        out["design_ir_ratio"] = (
+            floor["instructions"] / r.design["raw Streams, one stream"]["instructions"]
+        )
+        out["design_cmds"] = floor["commands"]
     out["cmds_ratio"] = out["cluster_cmds"] / out["one_cmds"]
     out["us_ratio"] = out["cluster_us"] / out["one_us"]
     for row in cap["rows"]:

@@ -427,6 +427,68 @@ def _instruction_lines(r: ScaleResult) -> list[str]:
     ]
 
 
+def _design_lines(r: ScaleResult) -> list[str]:
+    """What a re-layout could reach: the life beside the smallest design that keeps the
+    bus's features (``bench.instructions.design``), against the ≤ 4x and ≤ 12 targets."""
+    head = [
+        "## A message's life beside the smallest design that keeps the features",
+        "",
+        "`python -m bench.instructions --design`: a message's life (send, read, "
+        "acknowledgement, one round trip each, a 64-byte message in a channel of two) counted on "
+        "one server under callgrind four ways: raw Streams on one stream that grows as a "
+        "channel's does, raw Streams on 300 streams of a few entries (the shape of the baseline "
+        "above), the smallest design that keeps the bus's features (`bench/design_floor.lua`: "
+        "limits on the Redis clock, statuses, inbox depth, doorbell and wakeup, timed read and "
+        "done marks, every counter in one hash; a yardstick, not redisbus) and redisbus:",
+        "",
+    ]
+    if isinstance(r.design, str):
+        return [*head, f"{r.design}.", ""]
+    rows = list(r.design.items())
+    deep, shallow = (v["instructions"] for _, v in rows[:2])
+    table = _table(
+        ["a message's life", "instructions", "commands", "/ raw, one stream", "/ raw, 300 streams"],
+        [
+            [
+                name,
+                f"{v['instructions']:,.0f}",
+                f"{v['commands']:.2f}",
+                f"{v['instructions'] / deep:.2f}x",
+                f"{v['instructions'] / shallow:.2f}x",
+            ]
+            for name, v in rows
+        ],
+    )
+    floor = r.design["smallest design keeping the features"]
+    bus = r.design["redisbus"]
+    below = [
+        f"≤ 4x raw: the yardstick is {floor['instructions'] / deep:.2f}x and "
+        f"{floor['instructions'] / shallow:.2f}x"
+        if floor["instructions"] > 4 * deep
+        else "",
+        f"≤ 12 commands: the yardstick runs {floor['commands']:.0f}"
+        if floor["commands"] > 12
+        else "",
+    ]
+    below = [b for b in below if b]
+    verdict = (
+        "Targets below the yardstick, which no design that keeps these features in Lua scripts "
+        "reaches: " + "; ".join(below) + "."
+        if below
+        else "The yardstick meets both the ≤ 4x and the ≤ 12-command targets."
+    )
+    return [
+        *head,
+        *table,
+        "",
+        f"A re-layout could save at most {1 - floor['instructions'] / bus['instructions']:.0%} "
+        f"of redisbus's instructions per life and {bus['commands'] - floor['commands']:.0f} of "
+        f"its {bus['commands']:.0f} commands (the gap also pays for what the yardstick leaves "
+        f"out: idempotency, the pause switch, loop protection, ttl and signing). {verdict}",
+        "",
+    ]
+
+
 def _capacity_tables(r: ScaleResult) -> list[str]:
     cap = r.capacity
     m = r.cluster.memory
@@ -521,6 +583,7 @@ def markdown(r: ScaleResult, machine: dict[str, Any]) -> str:
         *_load_tables(r),
         "",
         *_instruction_lines(r),
+        *_design_lines(r),
         "## Capacity",
         "",
         *_capacity_tables(r),

@@ -5,7 +5,7 @@ Checks that the figures the model reports are consistent with each other, not ho
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -53,6 +53,14 @@ def test_scale_model_costs_the_same_per_message_on_one_server_and_a_cluster(
     cl = measure_topology(cluster_topo, ctx, SIZES)
     result = ScaleResult(SIZES, one, cl, "test")
     result.capacity = capacity(result)
+    # (instruction counts as bench.instructions gives them: counting them needs valgrind and
+    # minutes; test_bench_smoke.py runs the counters themselves)
+    result.instructions = {
+        "one server": {"per_msg": 430_000.0},
+        "raw Streams, one server": {"per_msg": 50_000.0},
+        "3-shard Cluster": {"per_msg": 455_000.0},
+    }
+    result.design = DESIGN
     m = metrics(result)
 
     # then every channel's keys share one slot, on the primary serving it
@@ -105,6 +113,43 @@ def test_scale_model_costs_the_same_per_message_on_one_server_and_a_cluster(
     shards = [row["shards"] for row in result.capacity["rows"]]
     assert shards == sorted(shards) and shards[0] >= 1
     assert m["per_core"] == pytest.approx(1e6 / m["cluster_cpu_us"])
+    # the ≤ 4x target's ratio is one server's life over the raw Streams life of the same fleet;
+    # the yardstick's is over raw Streams on one stream, its commands those of its life
+    assert m["life_ratio"] == pytest.approx(8.6)
+    assert m["design_ir_ratio"] == pytest.approx(4.5) and m["design_cmds"] == 19
+
+
+#: bench.instructions.design's shape, its figures rounded
+DESIGN = {
+    "raw Streams, one stream": {"instructions": 73_000.0, "commands": 3.0},
+    "raw Streams, 300 streams of a few entries": {"instructions": 55_000.0, "commands": 3.0},
+    "smallest design keeping the features": {"instructions": 328_500.0, "commands": 19.0},
+    "redisbus": {"instructions": 438_000.0, "commands": 23.0},
+}
+
+
+def test_scale_md_says_which_targets_are_below_the_smallest_design() -> None:
+    # SCALE.md's section on the yardstick (bench/design_floor.lua) says, from the counts, what
+    # a re-layout could save and which of the ≤ 4x and ≤ 12-command targets are below it
+    from types import SimpleNamespace
+
+    from bench.scale_report import _design_lines
+
+    def text(design: object) -> str:
+        return "\n".join(_design_lines(cast(ScaleResult, SimpleNamespace(design=design))))
+
+    found = text(DESIGN)
+    assert "| smallest design keeping the features | 328,500 | 19.00 | 4.50x | 5.97x |" in found
+    assert "save at most 25% of redisbus's instructions per life and 4 of its 23 commands" in found
+    assert "≤ 4x raw: the yardstick is 4.50x and 5.97x; ≤ 12 commands: the yardstick runs 19" in (
+        found
+    )
+    # a yardstick within both would say so, not claim a floor it does not show
+    within = dict(DESIGN)
+    within["smallest design keeping the features"] = {"instructions": 200_000.0, "commands": 12.0}
+    assert "The yardstick meets both" in text(within) and "below the yardstick" not in text(within)
+    # not counted (no valgrind, a --quick run): the reason, no table
+    assert text("not counted in a --quick run").endswith("not counted in a --quick run.\n")
 
 
 def test_the_capacity_note_says_which_way_cpu_per_message_went_with_the_load() -> None:
