@@ -155,7 +155,7 @@ def run(ctx: Ctx) -> Metrics:
         floor = result.design["smallest design keeping the features"]
         deep = result.design["raw Streams, one stream"]["instructions"]
         ctx.note(
-            "scale: the smallest design that keeps the bus's features (bench/design_floor.lua, "
+            "the smallest design that keeps the bus's features (bench/design_floor.lua, "
             f"`python -m bench.instructions --design`) runs {floor['commands']:.0f} commands and "
             f"{floor['instructions']:,.0f} instructions per life, "
             f"{floor['instructions'] / deep:.2f}x raw Streams on one stream as deep as a "
