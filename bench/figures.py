@@ -361,8 +361,11 @@ FIGURES += (
             Target("split", "max", 0, "none"),
         ),
         max_rounds=1,
-        note="bench/SCALE.md has the per-operation, per-shard and capacity tables; client "
-        "processes and every redis-server share this machine's cores",
+        note="bench/SCALE.md has the per-operation, per-shard and capacity tables, and the "
+        "message's life beside the smallest design that keeps the bus's features "
+        "(bench/design_floor.lua; its two rows here): what the ≤ 12-command and ≤ 4x targets "
+        "ask of any such design; client processes and every redis-server share this machine's "
+        "cores",
     ),
 )
 

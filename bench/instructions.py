@@ -380,6 +380,16 @@ def floor() -> dict[str, float]:
 
 #: What ``--design`` counts the life of: the same message each way, in a channel of two.
 DESIGN_LIVES = 1_000
+#: ``design()``'s rows, in order: the two raw baselines, the yardstick, redisbus.
+RAW_DEEP, RAW_SHALLOW = "raw Streams, one stream", "raw Streams, 300 streams of a few entries"
+YARDSTICK, BUS = "smallest design keeping the features", "redisbus"
+DESIGN_HEAD = [
+    "a message's life",
+    "instructions",
+    "commands",
+    "/ raw, one stream",
+    "/ raw, 300 streams",
+]
 
 
 def design(lives: int = DESIGN_LIVES) -> dict[str, dict[str, float]]:
@@ -426,7 +436,7 @@ def design(lives: int = DESIGN_LIVES) -> dict[str, dict[str, float]]:
                 got: Any = r.xreadgroup("bob", "c", {"raw": ">"}, count=1)
                 assert r.xack("raw", "bob", got[0][1][0][0]) == 1
 
-            counted("raw Streams, one stream", raw)
+            counted(RAW_DEEP, raw)
             shallow = [f"raw-{i}" for i in range(300)]
             for s in shallow:
                 r.xgroup_create(s, "bob", id="$", mkstream=True)
@@ -438,7 +448,7 @@ def design(lives: int = DESIGN_LIVES) -> dict[str, dict[str, float]]:
                 got: Any = r.xreadgroup("bob", "c", {s: ">"}, count=1)
                 assert r.xack(s, "bob", got[0][1][0][0]) == 1
 
-            counted("raw Streams, 300 streams of a few entries", raw_shallow, max(lives // 4, 1))
+            counted(RAW_SHALLOW, raw_shallow, max(lives // 4, 1))
             r.execute_command("FUNCTION", "LOAD", lib)
             k = ("{f}:s", "{f}:state", "{f}:b:bob", "{f}:w:bob", "{f}:marks")
             r.hset(k[1], mapping={"a\nalice": "running", "a\nbob": "running"})
@@ -450,7 +460,7 @@ def design(lives: int = DESIGN_LIVES) -> dict[str, dict[str, float]]:
                 assert len(got[2]) == 1, got
                 assert r.fcall("floor_done", 3, k[0], k[1], k[4], "bob", "ok", got[2][0][0]) == 1
 
-            counted("smallest design keeping the features", floor_life)
+            counted(YARDSTICK, floor_life)
             with Bus.from_url(f"redis://127.0.0.1:{port}/0", settings=BusSettings(**QUIET)) as bus:
                 ch = bus.channel("design", **LIMITS)
                 alice, bob = ch.join("alice"), ch.join("bob")
@@ -461,7 +471,7 @@ def design(lives: int = DESIGN_LIVES) -> dict[str, dict[str, float]]:
                     assert len(got) == 1, got
                     assert bob.mark_done(got)
 
-                counted("redisbus", life)
+                counted(BUS, life)
             r.close()
     return out
 
@@ -664,13 +674,21 @@ def _print_table(head: str, results: list[tuple[str, dict[str, float]]]) -> None
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
+def design_cells(rows: dict[str, dict[str, float]]) -> list[list[str]]:
+    """``design()``'s rows as the cells of a table under ``DESIGN_HEAD``."""
+    deep, shallow = rows[RAW_DEEP]["instructions"], rows[RAW_SHALLOW]["instructions"]
+    return [
+        [name, f"{n:,.0f}", f"{v['commands']:.2f}", f"{n / deep:.2f}x", f"{n / shallow:.2f}x"]
+        for name, v in rows.items()
+        for n in (v["instructions"],)
+    ]
+
+
 def _print_design(rows: dict[str, dict[str, float]]) -> None:
-    deep, shallow = (rows[k]["instructions"] for k in list(rows)[:2])
-    print("| a message's life | instructions | commands | / raw, one stream | / raw, 300 streams |")
-    print("|---|---|---|---|---|")
-    for name, v in rows.items():
-        n = v["instructions"]
-        print(f"| {name} | {n:,.0f} | {v['commands']:.2f} | {n / deep:.2f}x | {n / shallow:.2f}x |")
+    print("| " + " | ".join(DESIGN_HEAD) + " |")
+    print("|" + "---|" * len(DESIGN_HEAD))
+    for cells in design_cells(rows):
+        print("| " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -444,33 +444,17 @@ def _design_lines(r: ScaleResult) -> list[str]:
     ]
     if isinstance(r.design, str):
         return [*head, f"{r.design}.", ""]
-    rows = list(r.design.items())
-    deep, shallow = (v["instructions"] for _, v in rows[:2])
-    table = _table(
-        ["a message's life", "instructions", "commands", "/ raw, one stream", "/ raw, 300 streams"],
-        [
-            [
-                name,
-                f"{v['instructions']:,.0f}",
-                f"{v['commands']:.2f}",
-                f"{v['instructions'] / deep:.2f}x",
-                f"{v['instructions'] / shallow:.2f}x",
-            ]
-            for name, v in rows
-        ],
-    )
-    floor = r.design["smallest design keeping the features"]
-    bus = r.design["redisbus"]
-    below = [
-        f"≤ 4x raw: the yardstick is {floor['instructions'] / deep:.2f}x and "
-        f"{floor['instructions'] / shallow:.2f}x"
-        if floor["instructions"] > 4 * deep
-        else "",
-        f"≤ 12 commands: the yardstick runs {floor['commands']:.0f}"
-        if floor["commands"] > 12
-        else "",
-    ]
-    below = [b for b in below if b]
+    from bench.instructions import BUS, DESIGN_HEAD, RAW_DEEP, RAW_SHALLOW, YARDSTICK, design_cells
+
+    table = _table(DESIGN_HEAD, design_cells(r.design))
+    deep, shallow = r.design[RAW_DEEP]["instructions"], r.design[RAW_SHALLOW]["instructions"]
+    floor, bus = r.design[YARDSTICK], r.design[BUS]
+    below = []
+    if floor["instructions"] > 4 * deep:
+        ratios = f"{floor['instructions'] / deep:.2f}x and {floor['instructions'] / shallow:.2f}x"
+        below.append(f"≤ 4x raw: the yardstick is {ratios}")
+    if floor["commands"] > 12:
+        below.append(f"≤ 12 commands: the yardstick runs {floor['commands']:.0f}")
     verdict = (
         "Targets below the yardstick, which no design that keeps these features in Lua scripts "
         "reaches: " + "; ".join(below) + "."
