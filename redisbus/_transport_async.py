@@ -14,7 +14,16 @@ from redis import exceptions as rx
 
 from ._resp import Reader, Trip, pack, reader_kw
 
-__all__ = ["FETCH_LANES", "AsyncLane", "Transport", "Trip", "node_client", "sleep", "slot_table"]
+__all__ = [
+    "FETCH_LANES",
+    "AsyncLane",
+    "Transport",
+    "Trip",
+    "moved",
+    "node_client",
+    "sleep",
+    "slot_table",
+]
 
 sleep = asyncio.sleep
 
@@ -74,7 +83,17 @@ async def slot_table(client: Any) -> None:
         await client.initialize()
 
 
-def node_client(node: Any, current: Any) -> Any:
+async def moved(client: Any, e: rx.MovedError) -> None:
+    """A Cluster client's slot table takes a MOVED reply's word: the slot is served by the node
+    it names (redis-py 7+: ``move_slot``; before, the next slot lookup applies it)."""
+    nodes = client.nodes_manager
+    if hasattr(nodes, "move_slot"):
+        await nodes.move_slot(e)
+    else:
+        nodes._moved_exception = e
+
+
+def node_client(client: Any, node: Any, current: Any) -> Any:
     """The client a Cluster node's standalone IO talks through: one of its own (``current``
     once made), on a pool to that node (the async cluster client keeps no ``redis.Redis`` per
     node)."""

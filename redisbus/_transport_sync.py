@@ -9,7 +9,8 @@ once, in ``_async/io.py``. Both twins give it the same names:
 - ``acquire(trip)``, a lane for that kind of round trip or None (the trip then goes through
   redis-py's pipeline, which the pool serves); ``lane.run(commands)``, the replies in order,
   an error reply in its slot; ``release(lane)``; ``close()``;
-- ``slot_table(client)`` and ``node_client(node, current)``, for Cluster routing;
+- ``slot_table(client)``, ``node_client(client, node, current)`` and ``moved(client, e)``, for
+  Cluster routing;
 - ``sleep``.
 """
 
@@ -30,7 +31,7 @@ from redis import exceptions as rx
 
 from ._resp import Reader, Trip, pack, reader_kw
 
-__all__ = ["Lane", "Transport", "Trip", "node_client", "sleep", "slot_table"]
+__all__ = ["Lane", "Transport", "Trip", "moved", "node_client", "sleep", "slot_table"]
 
 sleep = time.sleep
 
@@ -64,10 +65,21 @@ def slot_table(client: Any) -> None:
     """A Cluster client's slot table is ready: the sync client fills it in its constructor."""
 
 
-def node_client(node: Any, current: Any) -> Any:
+def moved(client: Any, e: rx.MovedError) -> None:
+    """A Cluster client's slot table takes a MOVED reply's word: the slot is served by the node
+    it names (redis-py 7+: ``move_slot``; before, the next slot lookup applies it)."""
+    nodes = client.nodes_manager
+    if hasattr(nodes, "move_slot"):
+        nodes.move_slot(e)
+    else:
+        nodes._moved_exception = e
+
+
+def node_client(client: Any, node: Any, current: Any) -> Any:
     """The client a Cluster node's standalone IO talks through: the cluster client's own for
-    that node (a refresh of the slot table may have replaced it since ``current``)."""
-    return node.redis_connection
+    that node (a refresh of the slot table may have replaced it since ``current``; a node
+    first named by a MOVED reply gets one here)."""
+    return client.get_redis_connection(node)
 
 
 class Lane:

@@ -22,7 +22,7 @@ from .._redis import backoff_s, classify, fetch_commands, fetch_result, stream_e
 from .._resp import gone
 from .._scripts import function_name, library, source
 from .._settings import BusSettings
-from .._transport_sync import Transport, Trip, node_client, sleep, slot_table
+from .._transport_sync import Transport, Trip, moved, node_client, sleep, slot_table
 
 __all__ = ["IO"]
 
@@ -228,6 +228,8 @@ class IO:
             out = self._by_node(calls, lambda io, part: io.scripts_raw(part), retry=False)
             for i, (r, (n, k, a)) in enumerate(zip(out, calls, strict=True)):
                 if isinstance(r, RedisbusError) and isinstance(r.__cause__, rx.AskError):
+                    if isinstance(r.__cause__, rx.MovedError):
+                        moved(self.r, r.__cause__)
                     try:  # MOVED/ASK: not run there; once more on the slot's new node
                         out[i] = self.script(n, k, a, retry=False)
                     except RedisbusError as e:
@@ -317,7 +319,7 @@ class IO:
         slot_table(self.r)
         node = self.r.get_node_from_key(key)
         sub = self.nodes.get(node.name)
-        client = node_client(node, None if sub is None else sub.r)
+        client = node_client(self.r, node, None if sub is None else sub.r)
         if sub is None or sub.r is not client:
             sub = self.nodes[node.name] = IO(client, self._node_settings, False)
         return sub
@@ -326,8 +328,11 @@ class IO:
         """Cluster: ``op`` on the standalone IO of the primary serving ``key``'s slot (every
         key of a channel shares one slot), so a call costs what it costs on one server: no
         ``COMMAND GETKEYS``, one pipelined trip per fetch. MOVED and ASK mean the node ran
-        nothing, so they are repeated even for sends, after a refresh of the slot table;
-        other trouble is repeated, after the same refresh, only when ``retry`` allows it."""
+        nothing, so they are repeated even for sends: after a MOVED, on the node it names (its
+        word goes into the slot table: a refresh may read a node that has not yet heard of a
+        failover, and send the call back to the one that refused it), after an ASK, once the
+        slot table is read again. Other trouble is repeated, after the same refresh, only when
+        ``retry`` allows it."""
         self.check_open()
         attempt = 0
         while True:
@@ -349,6 +354,9 @@ class IO:
                 self.retries += 1
                 sleep(backoff_s(attempt) if attempt or not redirect else 0)
                 attempt += 1
+                if isinstance(cause, rx.MovedError):
+                    moved(self.r, cause)
+                    continue
                 # a refresh that fails (still re-forming) is told by the next try
                 with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
                     self.r.nodes_manager.initialize()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -107,25 +108,62 @@ def _move_slot(cluster: Cluster, slot: int, src: int, dst: int) -> None:
             cluster.node_client(p).execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
 
 
-def test_channel_whose_slot_moved_keeps_delivering(cluster: Cluster, face: str) -> None:
-    # given: a bus that has talked on a channel, so it knows the primary serving its slot
+@contextlib.contextmanager
+def talked_then_moved(cluster: Cluster, face: str, prefix: str) -> Iterator[Any]:
+    """A bus that has talked on a channel, so it knows the primary serving its slot, whose
+    slot (with the channel's keys) then moved to another primary; moved back after."""
     src, dst = cluster.primaries()[0], cluster.primaries()[2]
-    name = cluster.channel_on(src, "mv-")
+    name = cluster.channel_on(src, prefix)
     slot = cluster.keyslot("{" + name + "}")
     with bus_at(cluster.url, face, True) as b:
         ch = b.channel(name)
         a, z = ch.join("a"), ch.join("z")
         a.send("z", "before")
         assert [m.body for m in z.wait(timeout=5).messages] == ["before"]
-        # when: the slot (with the channel's keys) moves to another primary
         _move_slot(cluster, slot, src, dst)
         try:
             assert cluster.owner("{" + name + "}") == dst
-            # then: its sends (refused with MOVED by the old node) and waits go on, once each
-            for i in range(3):
-                a.send("z", f"after {i}")
-            got = [m.body for m in z.wait(timeout=5).messages]
-            assert got == [f"after {i}" for i in range(3)]
-            assert cluster.node_client(dst).xlen(f"rb:{{{name}}}:s") >= 4
+            yield SimpleNamespace(bus=b, a=a, z=z, name=name, slot=slot, src=src, dst=dst)
         finally:
             _move_slot(cluster, slot, dst, src)
+
+
+def test_channel_whose_slot_moved_keeps_delivering(cluster: Cluster, face: str) -> None:
+    # given: a bus that has talked on a channel whose slot then moved to another primary
+    with talked_then_moved(cluster, face, "mv-") as m:
+        # then: its sends (refused with MOVED by the old node) and waits go on, once each
+        for i in range(3):
+            m.a.send("z", f"after {i}")
+        got = [msg.body for msg in m.z.wait(timeout=5).messages]
+        assert got == [f"after {i}" for i in range(3)]
+        assert cluster.node_client(m.dst).xlen(f"rb:{{{m.name}}}:s") >= 4
+
+
+def test_moved_reply_is_followed_when_a_refresh_reads_a_node_that_has_not_heard(
+    cluster: Cluster, face: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a bus that has talked on a channel whose slot then moved to another primary
+    with talked_then_moved(cluster, face, "st-") as m:
+        # and: its slot table names the old primary, and every refresh of the table reads a
+        # node that has not heard of the move yet (as in the seconds after a failover, while
+        # the nodes' views of who serves a slot disagree)
+        nodes = getattr(m.bus, "_target", m.bus)._io.r.nodes_manager
+        old = nodes.get_node(host="127.0.0.1", port=m.src)
+
+        def stale(*_: Any, **__: Any) -> None:
+            nodes.slots_cache[m.slot] = [old]
+
+        async def stale_async(*_: Any, **__: Any) -> None:
+            stale()
+
+        stale()
+        # (on the class: the async client's keeps no instance dict)
+        monkeypatch.setattr(type(nodes), "initialize", stale if face == "sync" else stale_async)
+        # when: it sends and waits, each call refused with MOVED by the old primary
+        for i in range(3):
+            m.a.send("z", f"after {i}")
+        got = [msg.body for msg in m.z.wait(timeout=5).messages]
+        # then: each went where the MOVED reply said, once, and nothing was lost
+        assert got == [f"after {i}" for i in range(3)]
+        assert cluster.node_client(m.dst).xlen(f"rb:{{{m.name}}}:s") >= 4
+        assert nodes.slots_cache[m.slot][0].port == m.dst
