@@ -15,6 +15,7 @@ from . import _core as core
 from . import _otel as otel
 from ._errors import InvalidInput
 from ._filters import check_entry_id
+from ._keys import doorbells
 from ._model import Message, Receipt, WaitResult, id_ms
 
 log = logging.getLogger("redisbus")
@@ -73,6 +74,32 @@ class AgentState:
         self._want_status: str | None = None
         self._last_claim = float("-inf")
         self._pel_dirty = False  # read()/mark_done() fetched entries wait() has not returned
+        # send.lua's KEYS for one recipient named as such: the commonest send's, made once each
+        self._keys_to: dict[str, builtins.list[str]] = {}
+        self._bus._io.learn(self._keys.stream, [name])  # a member: a broadcast rings it
+
+    def _send_keys_for(self, plans: Iterable[Any]) -> builtins.list[str]:
+        """send.lua's KEYS for ``plans`` (SendPlans): the doorbells of the agents they name
+        ("parent": this agent's; a broadcast: the members this bus met so far). A script
+        asks for any others (an agent id's, a member that joined since) before it writes."""
+        names: builtins.list[str] = []
+        for p in plans:
+            if p.mode == "all":
+                names += self._bus._io.known(self._keys.stream)
+            else:
+                names += [self.parent or "" if n == "parent" else n for n in p.names]
+        return [*self._send_keys, *doorbells(self._keys.stream, filter(None, names))]
+
+    def _send_keys_to(self, plan: Any) -> builtins.list[str]:
+        """``_send_keys_for`` of one plan, kept for a plan to one name."""
+        if plan.mode != "one":
+            return self._send_keys_for([plan])
+        keys = self._keys_to.get(plan.names[0])
+        if keys is None:
+            keys = self._send_keys_for([plan])
+            if len(self._keys_to) < 1024:
+                self._keys_to[plan.names[0]] = keys
+        return keys
         self.slots: Any = None
         self._wait_ns: int | None = None  # when the current wait() began (for its span)
 

@@ -10,8 +10,9 @@ against its header, and the highest ``KEYS[n]`` and ``ARGV[n]`` each script's co
 against the names declared, so a script and its callers cannot drift apart.
 
 A key's name is the ``ChannelKeys`` field it is, but for ``bell`` and ``wakeup`` (the doorbell
-and the wakeup list of the agent the call is for) and ``rest`` (delete.lua's every other key,
-the caller's list).
+and the wakeup list of the agent the call is for), ``bells`` (the doorbells of the agents a
+call may write to: see ``unrung``) and ``rest`` (delete.lua's every other key, the caller's
+list).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, NamedTuple
 
 from ._channels import ChannelConfig, SweepReport, parse_channel
 from ._errors import UnknownChannel, raise_if_refused
-from ._keys import ChannelKeys
+from ._keys import ChannelKeys, doorbells
 
 __all__ = [
     "SCRIPTS",
@@ -32,6 +33,8 @@ __all__ = [
     "FetchKeys",
     "Joined",
     "Script",
+    "unrung",
+    "with_bells",
 ]
 
 
@@ -67,9 +70,10 @@ class Script:
 
     def keys_of(self, k: ChannelKeys, agent: str = "", *, short: bool = False) -> list[str]:
         """The KEYS of a call for ``agent`` (its bell and wakeup), the optional ones left out
-        when ``short`` (``rest`` is never here: the caller adds it)."""
+        when ``short`` (a last name that takes the rest, ``rest..`` or ``bells..``, is never
+        here: the caller adds those keys)."""
         names = self.keys[: len(self.keys) - self.optional] if short else self.keys
-        return [_key(k, n, agent) for n in names if n != "rest.."]
+        return [_key(k, n, agent) for n in names if not n.endswith("..")]
 
     def index(self, arg: str) -> int:
         """Where ARGV ``arg`` sits in a call's argument list (from 0)."""
@@ -129,18 +133,16 @@ JOIN = _s(
 LEAVE = _s("leave", _MEMBER, "agent id replica")
 OUTCOME = _s(
     "outcome",
-    "stream parents status inbox bells wakeups",
+    "stream parents status inbox bells..",
     "op actor target text sig control_sig signed_at",
 )
 RECEIPT = _s("receipt", "stream marks", "entry")
 REMOVE = _s("remove", _MEMBER, "agent force")
 REPAIR = _s("repair", "stream inbox", "budget")
-REPLAY = _s(
-    "replay", "stream inbox dlq status bells wakeups", "dead sig signed_at", optional_args=2
-)
+REPLAY = _s("replay", "stream inbox dlq status bells..", "dead sig signed_at", optional_args=2)
 SEND = _s(
     "send",
-    "stream meta parents status ids inbox rate idem limits bells wakeups",
+    "stream meta parents status ids inbox rate idem limits bells..",
     "messages..",
     record="sender mode recipients subject body type priority reply_to ttl idempotency trace "
     "signature signed_at cause",
@@ -334,10 +336,19 @@ def left(reply: Sequence[Any]) -> bool:
 
 
 def outcome(
-    k: ChannelKeys, op: str, actor: str, target: str, text: str, sigs: Sequence[str]
+    k: ChannelKeys,
+    op: str,
+    actor: str,
+    target: str,
+    text: str,
+    sigs: Sequence[str],
+    to: Iterable[str] = (),
 ) -> Call:
-    """An outcome (complete, fail), a cancel or a loss; ``sigs``: sign_outcome's three."""
-    return OUTCOME.call(OUTCOME.keys_of(k), [op, actor, target, text, *sigs])
+    """An outcome (complete, fail), a cancel or a loss; ``sigs``: sign_outcome's three; ``to``:
+    the agents it is known to write to (the outcome's parent; a cancelled target), whose
+    doorbells it is given (those of others, a cascade's, it asks for: see ``unrung``)."""
+    keys = [*OUTCOME.keys_of(k), *doorbells(k.stream, to)]
+    return OUTCOME.call(keys, [op, actor, target, text, *sigs])
 
 
 def outcome_id(reply: Sequence[Any]) -> str | None:
@@ -381,13 +392,19 @@ def replayed(reply: Sequence[Any]) -> str:
 
 
 def send_keys(k: ChannelKeys) -> list[str]:
-    """send.lua's KEYS (a handle keeps them: every send passes the same)."""
+    """send.lua's KEYS but the doorbells (a handle keeps them: every send passes the same,
+    then the doorbells of its recipients)."""
     return SEND.keys_of(k)
 
 
+#: How many of send.lua's KEYS come before the doorbells.
+SEND_FIXED = len(SEND.keys) - 1
+
+
 def send(keys: Sequence[str], records: Iterable[Sequence[str]]) -> Call:
-    """One send.lua call of one message's fields (``SendPlan.argv``) or several."""
-    # (the hot path: the keys are the handle's, made by send_keys; only the records are checked)
+    """One send.lua call of one message's fields (``SendPlan.argv``) or several; ``keys``:
+    ``send_keys``, then the doorbells of the recipients (``_keys.doorbells``)."""
+    # (the hot path: only the records are checked)
     args: list[str] = []
     for r in records:
         if len(r) != _SEND_FIELDS:
@@ -397,6 +414,32 @@ def send(keys: Sequence[str], records: Iterable[Sequence[str]]) -> Call:
 
 
 _SEND_FIELDS = len(SEND.record)
+
+
+#: The scripts that ring doorbells, and so may answer that they need more (``unrung``).
+RINGS = frozenset({"send", "outcome", "replay"})
+
+
+def unrung(call: Call, reply: Any) -> list[str] | None:
+    """A script that rings doorbells is given those of the agents it writes to in KEYS (no
+    script makes a key's name). When a call lacked some (an agent id's, "parent"'s, a
+    broadcast's members', a cascade's: the caller cannot always know them), the script wrote
+    nothing and answered {-1, name, ...}: those names, whose doorbells the call is to be given
+    (``with_bells``) before it is made again. None for any other reply."""
+    if (
+        call.script not in RINGS
+        or not isinstance(reply, list)
+        or not reply
+        or not isinstance(reply[0], int)
+        or reply[0] != -1
+    ):
+        return None
+    return [str(n) for n in reply[1:]]
+
+
+def with_bells(call: Call, names: Iterable[str]) -> Call:
+    """``call`` given the doorbells of ``names`` too (its first key is the channel's stream)."""
+    return Call(call.script, [*call.keys, *doorbells(call.keys[0], names)], call.args)
 
 
 def settle(keys: Sequence[str], agent: str, ops: Sequence[str]) -> Call:

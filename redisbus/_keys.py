@@ -36,6 +36,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -91,6 +92,20 @@ class ChannelKeys:
     def wakeup(self, agent: str) -> str:
         """The wakeup list of ``agent``: what its waits block on."""
         return self.wakeups + agent
+
+
+def doorbells(stream: str, agents: Iterable[str]) -> list[str]:
+    """The doorbell and the wakeup list of each of ``agents`` (once each), in pairs, in the
+    channel whose stream is ``stream``: what a script that rings them is given in KEYS.
+    (Every key of a channel starts as its stream's does, the stream's last letter aside.)"""
+    base = stream[:-1]
+    seen: set[str] = set()
+    out: list[str] = []
+    for a in agents:
+        if a not in seen:
+            seen.add(a)
+            out += (base + "b:" + a, base + "w:" + a)
+    return out
 
 
 def registry_key(prefix: str) -> str:

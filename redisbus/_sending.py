@@ -3,7 +3,7 @@ into receipts, receipts as read back, and the signatures of outcomes. No I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -238,11 +238,14 @@ def batch_results(
 SEND_BATCH = 100
 
 
-def batch_calls(keys: Sequence[str], plans: Sequence[SendPlan]) -> list[bind.Call]:
-    """send.lua calls for ``plans``, up to SEND_BATCH messages each (argv concatenated)."""
+def batch_calls(
+    keys_for: Callable[[Sequence[SendPlan]], Sequence[str]], plans: Sequence[SendPlan]
+) -> list[bind.Call]:
+    """send.lua calls for ``plans``, up to SEND_BATCH messages each (argv concatenated), each
+    with the KEYS ``keys_for`` gives its messages (their recipients' doorbells)."""
     return [
-        bind.send(keys, [p.argv for p in plans[i : i + SEND_BATCH]])
-        for i in range(0, len(plans), SEND_BATCH)
+        bind.send(keys_for(part), [p.argv for p in part])
+        for part in (plans[i : i + SEND_BATCH] for i in range(0, len(plans), SEND_BATCH))
     ]
 
 

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import _bindings as bind
 from . import _core as core
 from ._bindings import Call
 from ._outage import Outage
@@ -167,23 +168,32 @@ class Coalescer:
     @staticmethod
     def _merged(
         batch: list[tuple[str, Sequence[str], Sequence[Any], asyncio.Future[Any]]],
-    ) -> tuple[list[tuple[str, Sequence[str], list[Any]]], list[int]]:
+    ) -> tuple[list[tuple[str, list[str], list[Any]]], list[int]]:
         """Runs of sends to the same channel become one send.lua call of up to SEND_BATCH
-        messages (checked in order, as separate calls would be); anything else goes alone.
-        Returns the calls and how many queued calls each one carries."""
-        calls: list[tuple[str, Sequence[str], list[Any]]] = []
+        messages (checked in order, as separate calls would be), given the doorbells each was
+        given; anything else goes alone. Returns the calls and how many queued calls each one
+        carries."""
+        calls: list[tuple[str, list[str], list[Any]]] = []
         sizes: list[int] = []
+        given: set[str] = set()  # the doorbells the last call holds
+        fixed = bind.SEND_FIXED
         for name, keys, args, _ in batch:
             if (
                 name == "send"
                 and calls
                 and calls[-1][0] == "send"
-                and calls[-1][1] == keys
+                and calls[-1][1][:fixed] == keys[:fixed]
                 and sizes[-1] < core.SEND_BATCH
             ):
+                merged = calls[-1][1]
+                for i in range(fixed, len(keys), 2):
+                    if keys[i] not in given:
+                        given.add(keys[i])
+                        merged += (keys[i], keys[i + 1])
                 calls[-1][2].extend(args)
                 sizes[-1] += 1
             else:
-                calls.append((name, keys, list(args)))
+                calls.append((name, list(keys), list(args)))
+                given = set(keys[fixed::2]) if name == "send" else set()
                 sizes.append(1)
         return calls, sizes

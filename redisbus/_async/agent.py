@@ -107,7 +107,7 @@ class AsyncAgent(Fetching):
                     else check.seconds(await_delivery, "await_delivery")
                 )
                 reply = await self._bus._coalescer.send(
-                    bind.send(self._send_keys, [plan.argv]),
+                    bind.send(self._send_keys_to(plan), [plan.argv]),
                     idempotent=idempotency_key is not None,
                 )
                 result = core.parse_send(plan, reply)
@@ -162,7 +162,8 @@ class AsyncAgent(Fetching):
                 out: builtins.list[Receipt | builtins.list[Receipt]] = []
             else:
                 replies = core.unbatch(
-                    sent, await self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
+                    sent,
+                    await self._bus._io.scripts_raw(core.batch_calls(self._send_keys_for, sent)),
                 )
                 out, counts, refused = core.batch_results(sent, types, replies)
                 self._count_batch(counts, refused)
@@ -467,7 +468,10 @@ class AsyncAgent(Fetching):
         sigs = core.sign_outcome(
             self._bus._signer, self.channel.name, op, self.name, target, body, parent
         )
-        call = bind.outcome(self._keys, op, self.name, target, body, sigs)
+        # it writes to the parent (the outcome) and, cancelling, to the target (the control
+        # message); a cascade's others, the script asks for
+        to = [parent, target] if op == "cancel" else [parent]
+        call = bind.outcome(self._keys, op, self.name, target, body, sigs, filter(None, to))
         entry = bind.outcome_id(await self._bus._io.script(*call))
         if entry:
             self._bus.metrics.sent("outcome")

@@ -108,7 +108,7 @@ class Agent(Fetching):
                     else check.seconds(await_delivery, "await_delivery")
                 )
                 reply = self._bus._coalescer.send(
-                    bind.send(self._send_keys, [plan.argv]),
+                    bind.send(self._send_keys_to(plan), [plan.argv]),
                     idempotent=idempotency_key is not None,
                 )
                 result = core.parse_send(plan, reply)
@@ -163,7 +163,8 @@ class Agent(Fetching):
                 out: builtins.list[Receipt | builtins.list[Receipt]] = []
             else:
                 replies = core.unbatch(
-                    sent, self._bus._io.scripts_raw(core.batch_calls(self._send_keys, sent))
+                    sent,
+                    self._bus._io.scripts_raw(core.batch_calls(self._send_keys_for, sent)),
                 )
                 out, counts, refused = core.batch_results(sent, types, replies)
                 self._count_batch(counts, refused)
@@ -462,7 +463,10 @@ class Agent(Fetching):
         sigs = core.sign_outcome(
             self._bus._signer, self.channel.name, op, self.name, target, body, parent
         )
-        call = bind.outcome(self._keys, op, self.name, target, body, sigs)
+        # it writes to the parent (the outcome) and, cancelling, to the target (the control
+        # message); a cascade's others, the script asks for
+        to = [parent, target] if op == "cancel" else [parent]
+        call = bind.outcome(self._keys, op, self.name, target, body, sigs, filter(None, to))
         entry = bind.outcome_id(self._bus._io.script(*call))
         if entry:
             self._bus.metrics.sent("outcome")

@@ -16,7 +16,7 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from .._bindings import Call, FetchKeys
+from .._bindings import Call, FetchKeys, unrung, with_bells
 from .._errors import BusClosed, BusConnectionError, RedisbusError
 from .._redis import backoff_s, classify, fetch_commands, fetch_result, stream_entries
 from .._resp import gone
@@ -27,6 +27,11 @@ from .._transport_sync import Transport, Trip, moved, node_client, sleep, slot_t
 __all__ = ["IO"]
 
 Command = tuple[Any, ...]
+
+#: How many times a call is made again with the doorbells its script asked for (``unrung``):
+#: each time, the members the script found were not all among those it was given, because
+#: agents joined in between.
+UNRUNG_TRIES = 5
 
 
 class IO:
@@ -51,6 +56,8 @@ class IO:
         # that node, found from the key's slot in redis-py's slot table (see ``_routed``)
         self.nodes: dict[str, IO] = {}
         self._node_settings = settings.model_copy(update={"retry_attempts": 0})
+        # members whose doorbells a script asked for, by channel stream (``learn``)
+        self.rosters: dict[str, dict[str, None]] = {}
 
     def check_open(self) -> None:
         if self.closed:
@@ -142,8 +149,28 @@ class IO:
             return self._routed(
                 keys[0], lambda io: io.script(name, keys, args, retry=retry), retry=retry
             )
-        command = self.command(name, keys, args)
-        return (self._scripted("call", [command], [name], retry))[0]
+        call = Call(name, keys, args)
+        for _ in range(UNRUNG_TRIES):
+            command = self.command(*call)
+            reply = (self._scripted("call", [command], [name], retry))[0]
+            names = unrung(call, reply)
+            if names is None:
+                return reply
+            self.learn(keys[0], names)
+            call = with_bells(call, names)
+        raise RedisbusError(
+            f"{name}.lua kept asking for more doorbells: the channel's members kept changing"
+        )
+
+    def learn(self, stream: str, names: Sequence[str]) -> None:
+        """Members of the channel whose stream is ``stream`` this bus met: its own joins, and
+        those whose doorbells a script asked for."""
+        self.rosters.setdefault(stream, {}).update(dict.fromkeys(names))
+
+    def known(self, stream: str) -> builtins.list[str]:
+        """The members of the channel whose stream is ``stream`` this bus met so far (``learn``):
+        the doorbells a broadcast is given first."""
+        return builtins.list(self.rosters.get(stream, ()))
 
     def scripts(self, calls: Sequence[Call]) -> builtins.list[Any]:
         """Several idempotent script calls: one round trip on a standalone server (a wake-up's
@@ -252,6 +279,13 @@ class IO:
                 err = classify(r)[1]
                 err.__cause__ = r
                 r = err
+            elif (names := unrung(Call(n, k, a), r)) is not None:
+                # it wrote nothing: once more, alone, given the doorbells it asked for
+                self.learn(k[0], names)
+                try:
+                    r = self.script(*with_bells(Call(n, k, a), names), retry=False)
+                except RedisbusError as e:
+                    r = e
             out.append(r)
         return out
 
@@ -322,6 +356,7 @@ class IO:
         client = node_client(self.r, node, None if sub is None else sub.r)
         if sub is None or sub.r is not client:
             sub = self.nodes[node.name] = IO(client, self._node_settings, False)
+            sub.rosters = self.rosters  # what one node's scripts asked for, the bus knows
         return sub
 
     def _routed(self, key: str, op: Callable[[IO], Any], *, retry: bool = True) -> Any:

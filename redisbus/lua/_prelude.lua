@@ -101,21 +101,54 @@ local function id_before(a, b)
   return tonumber(as) < tonumber(bs)
 end
 
+-- the doorbells a call was given: `keys` from `first` on, in pairs, an agent's bell then its
+-- wakeup list (see ring), by the agent's name. A bell's key is the channel's keys' common
+-- start (the stream's key, `stream`, less its last letter), 'b:' and the name: the name is read
+-- off the key given, no key is made from a name. Any other key there is passed over.
+local function doorbells(stream, keys, first)
+  local start = string.sub(stream, 1, -2) .. 'b:'
+  local n, out = #start, {}
+  for i = first, #keys - 1, 2 do
+    local k = keys[i]
+    if string.sub(k, 1, n) == start then out[string.sub(k, n + 1)] = {k, keys[i + 1]} end
+  end
+  return out
+end
+
+-- The names of `names` (1 to `n`; false or nil where a name is unknown) whose doorbells the
+-- call was not given (`bells`, from doorbells): nil when it was given them all, else the reply
+-- that says so, {-1, name, ...}. A script that rings returns it before it writes anything:
+-- the caller adds those doorbells to KEYS and calls again (redisbus/_bindings.py, unrung).
+local function undeclared(bells, names, n)
+  local miss, m, named = nil, 1, nil
+  for i = 1, n do
+    local name = names[i]
+    if name and not bells[name] then
+      if not miss then miss, named = {-1}, {} end
+      if not named[name] then named[name] = true; m = m + 1; miss[m] = name end
+    end
+  end
+  return miss
+end
+
 -- ring the doorbells of the agents named in `to` (names joined by "\n") for entry `id`: the id
--- appended to each agent's bell, `bells` .. name, a list of the entry ids rung for it that no
--- wait has taken yet; and, when that bell was empty, one item ('') in its wakeup list,
--- `wakeups` .. name, which is what the agent's waits block on (BLPOP). The prefixes are keys
--- of the script's KEYS; every bell carries the channel's hash tag. A message thus wakes its
--- recipients only, one replica each, and wake.lua hands the entries the bell names to the
--- replica woken. While a bell holds ids, later rings only append (the one wakeup stands for
--- them all): a list of one short item is about 160 B, where a stream node is 4 KiB.
-local function ring(bells, wakeups, to, id)
+-- appended to each agent's bell, a list of the entry ids rung for it that no wait has taken
+-- yet; and, when that bell was empty, one item ('') in its wakeup list, which is what the
+-- agent's waits block on (BLPOP). `bells` (from doorbells) holds both keys of every agent
+-- named: the script checked that (undeclared) before its first write. Every bell carries the
+-- channel's hash tag. A message thus wakes its recipients only, one replica each, and
+-- wake.lua hands the entries the bell names to the replica woken. While a bell holds ids,
+-- later rings only append (the one wakeup stands for them all): a list of one short item is
+-- about 160 B, where a stream node is 4 KiB.
+local function ring(bells, to, id)
   if not string.find(to, '\n', 1, true) then
-    if redis.call('RPUSH', bells .. to, id) == 1 then redis.call('RPUSH', wakeups .. to, '') end
+    local b = bells[to]
+    if redis.call('RPUSH', b[1], id) == 1 then redis.call('RPUSH', b[2], '') end
     return
   end
   for name in string.gmatch(to, '[^\n]+') do
-    if redis.call('RPUSH', bells .. name, id) == 1 then redis.call('RPUSH', wakeups .. name, '') end
+    local b = bells[name]
+    if redis.call('RPUSH', b[1], id) == 1 then redis.call('RPUSH', b[2], '') end
   end
 end
 

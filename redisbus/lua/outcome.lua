@@ -2,8 +2,8 @@
 -- (no replica heartbeat within the lease). Outcomes flow to the parent as attributed messages.
 --
 -- KEYS[1] stream  KEYS[2] parents  KEYS[3] status  KEYS[4] inbox
--- KEYS[5] bells: the bell prefix (the doorbells of the agents it writes to: see ring)
--- KEYS[6] wakeups: the wakeup prefix (what their waits block on)
+-- KEYS[5..] bells: doorbells, in pairs: an agent's bell, then its wakeup list (see ring); those
+--         of every agent it writes to must be there
 -- ARGV[1] op: "complete" | "fail" | "cancel" | "lost"
 -- ARGV[2] actor: the agent calling (for "cancel", the parent; otherwise the agent itself)
 -- ARGV[3] target agent   ARGV[4] text: summary, error or reason
@@ -14,6 +14,8 @@
 --
 -- returns {0, code, message}   refused
 --      or {1, outcome entry id or "", control entry id or "", cancelled count}
+--      or {-1, name, ...}: the agents it would write to whose doorbells were not in KEYS;
+--         nothing was written (call again with them)
 --
 -- "fail", "cancel" and "lost" cancel the target's descendants: their status becomes
 -- "cancelled" and one control message (subject "cancel") wakes every one of them, on any host.
@@ -27,7 +29,7 @@
 -- themselves cancelled. Outcomes and control messages bypass caps and rates: they are never lost.
 
 local stream, parents, status, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local bells, wakeups = KEYS[5], KEYS[6]
+local bells = doorbells(stream, KEYS, 5)
 local op, actor, target, text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local outcome_sig, control_sig, sig_ts = ARGV[5] or '', ARGV[6] or '', ARGV[7] or ''
 local function signed(fields, sig)
@@ -60,9 +62,10 @@ else
   if not open then return {0, 'agent_closed', target .. ' is already ' .. st} end
 end
 
-if open then redis.call('HSET', status, target, new_status) else new_status = nil end
+if not open then new_status = nil end
 
--- descendants to cancel (not for "complete": a completed agent's children live on)
+-- descendants to cancel (not for "complete": a completed agent's children live on), found
+-- before anything is written (the doorbells of all it writes to are checked first)
 local victims = {}
 if op ~= 'complete' then
   local flat = redis.call('HGETALL', parents)
@@ -81,7 +84,6 @@ if op ~= 'complete' then
     for _, c in ipairs(children[n] or {}) do
       local cs = redis.call('HGET', status, c)
       if cs == 'running' or cs == 'waiting' or cs == 'idle' then
-        redis.call('HSET', status, c, 'cancelled')
         victims[#victims + 1] = c
       end
       queue[#queue + 1] = c
@@ -89,27 +91,36 @@ if op ~= 'complete' then
   end
 end
 
--- one control message wakes the cancelled subtree (the target too, when it was cancelled)
+-- one control message wakes the cancelled subtree (the target too, when it was cancelled);
+-- the outcome goes to a parent that can still receive it
 local wake = {}
 if new_status and (op == 'cancel' or op == 'lost') then wake[1] = target end
 for _, v in ipairs(victims) do wake[#wake + 1] = v end
+local to_parent = false
+if parent ~= '' and new_status then
+  local ps = redis.call('HGET', status, parent)
+  to_parent = ps == 'running' or ps == 'waiting' or ps == 'idle' or ps == 'completed'
+end
+local written = {to_parent and parent or false}
+for i, w in ipairs(wake) do written[i + 1] = w end
+local miss = undeclared(bells, written, #wake + 1)
+if miss then return miss end
+
+if new_status then redis.call('HSET', status, target, new_status) end
+for _, v in ipairs(victims) do redis.call('HSET', status, v, 'cancelled') end
 local control_id = ''
 if #wake > 0 then
   control_id = redis.call('XADD', stream, '*', unpack(signed({'f', actor,
     't', table.concat(wake, '\n'), 'b', text, 's', 'cancel', 'k', 'control'}, control_sig)))
   for _, w in ipairs(wake) do redis.call('HINCRBY', inbox, w, 1) end
-  ring(bells, wakeups, table.concat(wake, '\n'), control_id)
+  ring(bells, table.concat(wake, '\n'), control_id)
 end
 
--- the outcome, attributed to the target, to a parent that can still receive it
 local outcome_id = ''
-if parent ~= '' and new_status then
-  local ps = redis.call('HGET', status, parent)
-  if ps == 'running' or ps == 'waiting' or ps == 'idle' or ps == 'completed' then
-    outcome_id = redis.call('XADD', stream, '*', unpack(signed({'f', target, 't', parent,
-      'b', text, 's', new_status, 'k', 'outcome'}, outcome_sig)))
-    redis.call('HINCRBY', inbox, parent, 1)
-    ring(bells, wakeups, parent, outcome_id)
-  end
+if to_parent then
+  outcome_id = redis.call('XADD', stream, '*', unpack(signed({'f', target, 't', parent,
+    'b', text, 's', new_status, 'k', 'outcome'}, outcome_sig)))
+  redis.call('HINCRBY', inbox, parent, 1)
+  ring(bells, parent, outcome_id)
 end
 return {1, outcome_id, control_id, #victims}

@@ -2,13 +2,15 @@
 -- the dead-letter stream, atomically.
 --
 -- KEYS[1] stream  KEYS[2] inbox  KEYS[3] dlq  KEYS[4] status
--- KEYS[5] bells: the bell prefix (the recipient's doorbell: see ring)
--- KEYS[6] wakeups: the wakeup prefix (what its waits block on)
+-- KEYS[5..] bells: doorbells, in pairs: an agent's bell, then its wakeup list (see ring); the
+--         recipient's must be there
 -- ARGV[1] dead: the dead-letter entry id
 -- ARGV[2] sig: the replay's signature ("" with signing off; optional, as ARGV[3])
 -- ARGV[3] signed_at: its signing time (ms) or ""
 --
 -- returns {1, new entry id, recipient}  or  {0, code, message}
+--      or {-1, recipient}: its doorbell was not in KEYS; nothing was written (call again
+--         with it)
 --
 -- The replayed message keeps its sender, subject, body and type; it is a new entry (new id),
 -- so receipts of the original stay "failed". Caps do not apply: it was accepted once.
@@ -18,7 +20,8 @@
 -- mode "replay", for the recipient) over the same content, fresh: receivers check both
 -- (_signing.Signer.check), so a replay is neither stale nor a copy, and still the sender's.
 
-local stream, inbox, dlq, status, bells, wakeups = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local stream, inbox, dlq, status = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local bells = doorbells(stream, KEYS, 5)
 local dead_id = ARGV[1]
 local e = redis.call('XRANGE', dlq, dead_id, dead_id)[1]
 if not e then return {0, 'invalid_input', 'no dead letter ' .. dead_id} end
@@ -39,6 +42,8 @@ local s = redis.call('HGET', status, recipient)
 if s == 'failed' or s == 'cancelled' or s == 'lost' or not s then
   return {0, 'recipient_closed', recipient .. ' cannot receive (' .. tostring(s) .. ')'}
 end
+local miss = undeclared(bells, {recipient}, 1)
+if miss then return miss end
 fields[#fields + 1] = 't'
 fields[#fields + 1] = recipient
 fields[#fields + 1] = 'rp'
@@ -49,6 +54,6 @@ if (ARGV[2] or '') ~= '' then
 end
 local id = redis.call('XADD', stream, '*', unpack(fields))
 redis.call('HINCRBY', inbox, recipient, 1)
-ring(bells, wakeups, recipient, id)
+ring(bells, recipient, id)
 redis.call('XDEL', dlq, dead_id)
 return {1, id, recipient}

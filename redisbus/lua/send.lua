@@ -4,8 +4,8 @@
 -- KEYS[5] ids      KEYS[6] inbox   KEYS[7] rate      KEYS[8] idem
 -- KEYS[9] limits: the string where older versions cached meta's limits (the cache is the
 --         rate hash's '#lim' field now); deleted when the cache is refilled
--- KEYS[10] bells: the bell prefix; each recipient's doorbell is this key and its name (ring)
--- KEYS[11] wakeups: the wakeup prefix, the same for what the recipients' waits block on
+-- KEYS[10..] bells: doorbells, in pairs: an agent's bell, then its wakeup list (see ring);
+--         those of every agent the messages may go to must be there
 -- ARGV[1..] messages: one or several, 14 fields each (ARGV[14 * (i - 1) + k] for message i):
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
@@ -24,6 +24,9 @@
 --      or {1, id|false, {accepted...}, {name, code, message, limit, current, retry_ms, ...}}
 --      or {2, id, {recipients...}}                                  idempotent replay
 --   for several: a list of those, one per message, in order.
+--   Or, for the whole call, {-1, name, ...}: agents the messages may go to whose doorbells
+--   were not in KEYS (a broadcast's: every member's); nothing was written (call again with
+--   them).
 --
 -- The helpers of its limits (buckets, dampener, routing, text rules) and of its chain rules
 -- are in the libraries _limits.lua and _chain.lua, loaded in front of it (redisbus/_scripts.py).
@@ -56,9 +59,9 @@ local call, tonumber, tostring, find, match = redis.call, tonumber, tostring, st
   string.match
 local floor, unpack, type = math.floor, unpack, type
 
-local stream, meta, parents, status, ids, inbox, rate, idem, lim, bells, wakeups =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10],
-  KEYS[11]
+local stream, meta, parents, status, ids, inbox, rate, idem, lim =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local bells = doorbells(stream, KEYS, 10)
 local NF = 14
 local count = #ARGV / NF
 if count < 1 or count ~= floor(count) then
@@ -94,7 +97,7 @@ local function append(base, to, depth, chain, broadcast)
   if cause ~= '' then f[n + 1], f[n + 2], n = 'u', cause, n + 2 end
   if broadcast then f[n + 1], f[n + 2], n = 'a', '1', n + 2 end
   local id = call('XADD', stream, '*', unpack(f, 1, n))
-  ring(bells, wakeups, to, id)
+  ring(bells, to, id)
   return id
 end
 
@@ -148,6 +151,7 @@ if count == 1 and ARGV[2] == 'one' and ARGV[10] == '' and ARGV[3] ~= 'parent'
         return refuse('rate_limited', 'sender rate limit for ' .. sender, L[8], s_tokens, s_retry)
       end
       -- every check passed: append, then count (what the general path's last step writes)
+      if not bells[name] then return {-1, name} end
       local id = append(0, name, depth, chain, false)
       local kv, n = {'#sent', ((sent or 0) + 1) .. ''}, 2
       if tokens then kv[n + 1], kv[n + 2], n = pf, bucket_value(tokens, now_s), n + 2 end
@@ -321,6 +325,38 @@ members(pre_names, pre_nn, pre_parents or family)
 if pre_nd > 0 then
   local vals = call('HMGET', inbox, unpack(pre_depths, 1, pre_nd))
   for i = 1, pre_nd do depth_of[pre_depths[i]] = tonumber(vals[i] or '0') end
+end
+
+-- Before anything is written: the doorbell of every agent a message may go to is in KEYS,
+-- else the call says which are missing and writes nothing. May go to: each name given as
+-- send_message() resolves it (a member's name, "parent", an agent id), every member for a
+-- broadcast; the checks that follow may refuse some, so this is a superset.
+do
+  local may, nm, roster = {}, 0, nil
+  for item = 1, count do
+    local base = (item - 1) * NF
+    local sender, rcpt = ARGV[base + 1], ARGV[base + 3]
+    if ARGV[base + 2] == 'all' then
+      if not roster then roster = call('HKEYS', status) end
+      for i = 1, #roster do nm = nm + 1; may[nm] = roster[i] end
+    else
+      for name in string.gmatch(rcpt, '[^\n]+') do
+        nm = nm + 1
+        if name == 'parent' then
+          if parent_of[sender] == nil then
+            parent_of[sender] = call('HGET', parents, sender) or false
+          end
+          may[nm] = parent_of[sender]
+        elseif status_of[name] then
+          may[nm] = name
+        else
+          may[nm] = call('HGET', ids, name) or false
+        end
+      end
+    end
+  end
+  local miss = undeclared(bells, may, nm)
+  if miss then return miss end
 end
 
 -- The steps of send_message() that are more than a few lines, in the order it takes them

@@ -1,0 +1,175 @@
+"""Every key a script touches is one its call passed in KEYS: no script builds a key name.
+
+Checked from outside, on a real server: MONITOR records each script call (with its KEYS) and
+then every command the script ran; ``COMMAND GETKEYS`` says which arguments of each are keys.
+The workload walks every script and every way a message is addressed (a name, a list, an agent
+id, "parent", a broadcast, a batch), an outcome's cascade, a dead letter given back, and the
+doorbells they ring."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from redisbus import Bus, BusSettings, Receipt
+from tests.support.servers import Server
+
+_TOKEN = re.compile(rb'"((?:[^"\\]|\\.)*)"')
+_ESCAPE = re.compile(rb"\\(x[0-9a-fA-F]{2}|.)")
+_SIMPLE = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"a": b"\a", b"b": b"\b"}
+
+
+def _unquote(raw: bytes) -> bytes:
+    """MONITOR's quoted argument back to its bytes (sdscatrepr's escapes)."""
+
+    def one(m: re.Match[bytes]) -> bytes:
+        e = m.group(1)
+        if e[:1] == b"x" and len(e) == 3:
+            return bytes([int(e[1:], 16)])
+        return _SIMPLE.get(e, e)
+
+    return _ESCAPE.sub(one, raw)
+
+
+class Monitor:
+    """MONITOR on its own connection, every line kept (the source, the arguments)."""
+
+    def __init__(self, url: str) -> None:
+        self.lines: list[tuple[str, list[bytes]]] = []
+        self._client = redis.Redis.from_url(url)  # (its pool holds the connection open)
+        self._monitor = self._client.monitor()
+        self._monitor.__enter__()  # MONITOR sent, its OK read
+        self._conn: Any = self._monitor.connection
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                line = self._conn.read_response()
+            except Exception:  # closed
+                return
+            line = line if isinstance(line, bytes) else str(line).encode()
+            head, _, rest = line.partition(b"] ")
+            source = head.rpartition(b" ")[2].decode()
+            self.lines.append((source, [_unquote(t) for t in _TOKEN.findall(rest)]))
+
+    def close(self) -> None:
+        self._conn.disconnect()
+        self._client.close()
+
+
+@pytest.fixture
+def monitored(redis7: Server) -> Iterator[tuple[Bus, Monitor, redis.Redis]]:
+    plain = redis.Redis.from_url(redis7.url)
+    mon = Monitor(redis7.url)
+    bus = Bus.from_url(redis7.url, settings=BusSettings(metrics=False))
+    try:
+        yield bus, mon, plain
+    finally:
+        bus.close()
+        mon.close()
+
+
+def _workload(bus: Bus, url: str) -> None:
+    """Every script, every way of addressing a message, and the rings of each."""
+    ch = bus.channel("dk", routing="family", lease_s=0.1, max_deliveries=2)
+    boss = ch.join("boss")
+    worker = ch.join("worker", parent="boss")
+    helper = ch.join("helper", parent="worker")
+    ch.join("deep", parent="helper")
+    peer = ch.join("peer", parent="boss")
+    worker.send("boss", "a name")
+    boss.send(["worker", "peer"], "a list")
+    boss.send(worker.id, "an agent id")
+    helper.send("parent", "parent")
+    boss.send("all", "a broadcast")
+    boss.send_many([("worker", "one of a batch"), ("all", "a broadcast in a batch")])
+    for agent in (boss, worker, helper, peer):
+        got = agent.wait(timeout=1)
+        agent.read()
+        agent.list()
+        for m in got.messages:
+            agent.mark_done(m.id)
+    sent = boss.send("peer", "receipt")
+    assert isinstance(sent, Receipt)
+    boss.receipt(sent)
+    # a cancellation cascades: worker, helper, deep cancelled, one control message wakes them
+    boss.cancel("worker", "stop")
+    peer.complete("done")
+    # a dead letter, given back: two replicas that take a message and never finish it
+    late = ch.join("late", parent="boss")
+    r = boss.send("late", "poison")
+    other = Bus.from_url(url, settings=BusSettings(metrics=False, replica="b"))
+    try:
+        w_a = ch.join("late", replica="a")
+        w_b = other.channel("dk").join("late", replica="b")
+        assert w_a.wait(timeout=1).messages[0].id == r.id
+        time.sleep(0.15)
+        assert w_b.wait(timeout=1).messages
+        time.sleep(0.15)
+        w_a._last_claim = float("-inf")
+        w_a.wait(timeout=0.3)
+        (dead,) = ch.dead_letters()
+        ch.replay(dead.id)
+        assert late.wait(timeout=1).messages
+    finally:
+        other.close()
+    ch.sweep()
+    ch.leave(late)
+    ch.remove("deep", force=True)
+    ch.delete(force=True)
+
+
+def _scripts(lines: list[tuple[str, list[bytes]]]) -> Iterator[tuple[str, list[bytes], Any]]:
+    """(script, KEYS, the commands it ran) for every FCALL/EVALSHA in ``lines``: a script's
+    commands follow its call in MONITOR, from the source "lua"."""
+    call: tuple[str, list[bytes], list[list[bytes]]] | None = None
+    for source, args in lines:
+        if source == "lua":
+            if call is not None:
+                call[2].append(args)
+            continue
+        if call is not None:
+            yield call
+            call = None
+        verb = args[0].upper() if args else b""
+        if verb in (b"FCALL", b"FCALL_RO", b"EVALSHA", b"EVAL"):
+            n = int(args[2])
+            call = (args[1].decode(), args[3 : 3 + n], [])
+    if call is not None:
+        yield call
+
+
+def test_every_key_a_script_touches_was_passed_in_keys(
+    monitored: tuple[Bus, Monitor, redis.Redis], redis7: Server
+) -> None:
+    bus, mon, plain = monitored
+    _workload(bus, redis7.url)
+    time.sleep(0.3)  # the last lines reach the monitor
+    seen: dict[str, int] = {}
+    undeclared: list[str] = []
+    for script, keys, commands in _scripts(list(mon.lines)):
+        name = script.rpartition("_")[2]
+        seen[name] = seen.get(name, 0) + 1
+        declared = set(keys)
+        for cmd in commands:
+            try:
+                touched = plain.command_getkeys(*cmd)
+            except redis.ResponseError:  # no key arguments (TIME, ...)
+                continue
+            for key in touched:
+                key = key.encode() if isinstance(key, str) else key
+                if key not in declared:
+                    undeclared.append(f"{name}: {cmd[0].decode()} {key!r}")
+    # every script that reads or writes channel data ran, and none touched an undeclared key
+    assert {"send", "wake", "settle", "done", "outcome", "replay", "claim", "join"} <= set(seen), (
+        seen
+    )
+    assert not undeclared, "\n".join(sorted(set(undeclared)))
