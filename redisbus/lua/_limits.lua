@@ -32,6 +32,69 @@ local function limits_of(cfg)
   return l
 end
 
+-- The text limits_of reads, packed from the channel's settings (hash `meta`); nil when it
+-- has none (no such channel). send.lua keeps it in the rate hash's '#lim' field, so a send
+-- reads it with the rate fields it reads anyway instead of fifteen fields of meta. Numbers
+-- are written with 17 digits, so each reads back as the very number meta held.
+local function limits_text(meta)
+  local f = redis.call('HMGET', meta, 'routing', 'siblings', 'inbox_cap', 'max_body_bytes',
+    'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst',
+    'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'dampen_turns', 'dampen_window_s',
+    'auto_reply_deny', 'paused', 'max_chain_messages')
+  if not f[1] then return nil end
+  local v = {f[1], f[2] or '', tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
+    tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10]),
+    tonumber(f[11]), tonumber(f[12]) or 0, (tonumber(f[13]) or 0) * 1000, f[14] or '',
+    f[15] == '1' and 1 or 0, tonumber(f[16]) or 0}
+  for i = 1, 16 do
+    local x = v[i]
+    if not cmsgpack then v[i] = x == nil and '' or tostring(x)
+    elseif type(x) == 'number' then v[i] = string.format('%.17g', x)
+    elseif x == nil then v[i] = 'null'
+    else v[i] = cjson.encode(x) end
+  end
+  return cmsgpack and '[' .. table.concat(v, ',') .. ']' or table.concat(v, '\t')
+end
+
+-- send.lua's check, before its first write, that it was given the doorbell (`bells`, from
+-- doorbells) of every agent its messages may go to: `args` its ARGV, `count` messages of `nf`
+-- fields each (1 sender, 2 mode, 3 recipients). May go to: each name given as the send
+-- resolves it (a member's name, known in `status_of`; "parent", the sender's parent, kept in
+-- `parent_of`; an agent id, through hash `ids`), every member for a broadcast (hash `status`
+-- read whole, into `status_of`). The checks that follow may refuse some: a superset. Returns
+-- undeclared's reply (nil when none is missing), and whether `status` was read whole.
+local function may_ring(bells, args, count, nf, status, parents, ids, status_of, parent_of)
+  local may, nm, roster = {}, 0, nil
+  for item = 1, count do
+    local base = (item - 1) * nf
+    local sender = args[base + 1]
+    if args[base + 2] == 'all' then
+      if not roster then
+        roster = redis.call('HGETALL', status)
+        for i = 1, #roster, 2 do
+          if status_of[roster[i]] == nil then status_of[roster[i]] = roster[i + 1] end
+        end
+      end
+      for i = 1, #roster, 2 do nm = nm + 1; may[nm] = roster[i] end
+    else
+      for name in string.gmatch(args[base + 3], '[^\n]+') do
+        nm = nm + 1
+        if name == 'parent' then
+          if parent_of[sender] == nil then
+            parent_of[sender] = redis.call('HGET', parents, sender) or false
+          end
+          may[nm] = parent_of[sender] ~= '' and parent_of[sender] -- a root's is ''
+        elseif status_of[name] then
+          may[nm] = name
+        else
+          may[nm] = redis.call('HGET', ids, name) or false
+        end
+      end
+    end
+  end
+  return undeclared(bells, may, nm), roster ~= nil
+end
+
 -- "tokens now_ms": the value of a bucket left with `tokens` at `now_s` (the call's clock, as
 -- text). Lua writes a number out with a printf of a float (about 4,000 instructions), and the
 -- counts recur: a bucket refilled to its burst is left with burst - 1, and a broadcast's

@@ -103,14 +103,18 @@ end
 
 -- the doorbells a call was given: `keys` from `first` on, in pairs, an agent's bell then its
 -- wakeup list (see ring), by the agent's name. A bell's key is the channel's keys' common
--- start (the stream's key, `stream`, less its last letter), 'b:' and the name: the name is read
--- off the key given, no key is made from a name. Any other key there is passed over.
+-- start (the stream's key, `stream`, less its last letter), 'b:' and the name, its wakeup's the
+-- same with 'w:': the name is read off the key given, no key is made from a name. A pair that
+-- is not both (a raw call's) is passed over, so the call is refused for lack of it.
 local function doorbells(stream, keys, first)
-  local start = string.sub(stream, 1, -2) .. 'b:'
-  local n, out = #start, {}
+  local base = string.sub(stream, 1, -2)
+  local n, out = #base + 2, {}
   for i = first, #keys - 1, 2 do
-    local k = keys[i]
-    if string.sub(k, 1, n) == start then out[string.sub(k, n + 1)] = {k, keys[i + 1]} end
+    local bell, wakeup = keys[i], keys[i + 1]
+    local name = string.sub(bell, n + 1)
+    if string.sub(bell, 1, n) == base .. 'b:' and wakeup == base .. 'w:' .. name then
+      out[name] = {bell, wakeup}
+    end
   end
   return out
 end

@@ -235,29 +235,14 @@ end
 -- values tab-separated.
 local cfg, new_cfg = cached['#lim'], nil
 if not cfg then
-  local f = call('HMGET', meta, 'routing', 'siblings', 'inbox_cap', 'max_body_bytes',
-    'max_name_chars', 'pair_rate_burst', 'pair_rate_per_s', 'sender_rate_burst',
-    'sender_rate_per_s', 'max_chain_depth', 'max_messages', 'dampen_turns', 'dampen_window_s',
-    'auto_reply_deny', 'paused', 'max_chain_messages')
-  if not f[1] then
+  cfg = limits_text(meta)
+  if not cfg then
     local r = refuse('unknown_agent', 'no such channel')
     if count == 1 then return r end
     local out = {}
     for i = 1, count do out[i] = r end
     return out
   end
-  local v = {f[1], f[2] or '', tonumber(f[3]), tonumber(f[4]), tonumber(f[5]),
-    tonumber(f[6]), tonumber(f[7]), tonumber(f[8]), tonumber(f[9]), tonumber(f[10]),
-    tonumber(f[11]), tonumber(f[12]) or 0, (tonumber(f[13]) or 0) * 1000, f[14] or '',
-    f[15] == '1' and 1 or 0, tonumber(f[16]) or 0}
-  for i = 1, 16 do
-    local x = v[i]
-    if not cmsgpack then v[i] = x == nil and '' or tostring(x)
-    elseif type(x) == 'number' then v[i] = string.format('%.17g', x)
-    elseif x == nil then v[i] = 'null'
-    else v[i] = cjson.encode(x) end
-  end
-  cfg = cmsgpack and '[' .. table.concat(v, ',') .. ']' or table.concat(v, '\t')
   new_cfg = cfg
 end
 local limits = limits_of(cfg)
@@ -296,6 +281,7 @@ local depth_of, depth_dirty = {}, {} -- inbox depth now (read, plus this call's)
 local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to write (lazy)
 local sent_any = false
 local whole = false -- every member's status and inbox depth read (by a broadcast)
+local status_whole = false -- every member's status read
 
 -- The status (and, with with_parents, the parent) of names not looked up yet. Open routing
 -- needs no parents unless "parent" is named or a broadcast groups its receipts; membership is
@@ -328,36 +314,10 @@ if pre_nd > 0 then
 end
 
 -- Before anything is written: the doorbell of every agent a message may go to is in KEYS,
--- else the call says which are missing and writes nothing. May go to: each name given as
--- send_message() resolves it (a member's name, "parent", an agent id), every member for a
--- broadcast; the checks that follow may refuse some, so this is a superset.
-do
-  local may, nm, roster = {}, 0, nil
-  for item = 1, count do
-    local base = (item - 1) * NF
-    local sender, rcpt = ARGV[base + 1], ARGV[base + 3]
-    if ARGV[base + 2] == 'all' then
-      if not roster then roster = call('HKEYS', status) end
-      for i = 1, #roster do nm = nm + 1; may[nm] = roster[i] end
-    else
-      for name in string.gmatch(rcpt, '[^\n]+') do
-        nm = nm + 1
-        if name == 'parent' then
-          if parent_of[sender] == nil then
-            parent_of[sender] = call('HGET', parents, sender) or false
-          end
-          may[nm] = parent_of[sender]
-        elseif status_of[name] then
-          may[nm] = name
-        else
-          may[nm] = call('HGET', ids, name) or false
-        end
-      end
-    end
-  end
-  local miss = undeclared(bells, may, nm)
-  if miss then return miss end
-end
+-- else the call says which are missing and writes nothing (may_ring)
+local miss
+miss, status_whole = may_ring(bells, ARGV, count, NF, status, parents, ids, status_of, parent_of)
+if miss then return miss end
 
 -- The steps of send_message() that are more than a few lines, in the order it takes them
 -- (the text rules, check_text, and the chain's, chain_of, are helpers of _limits.lua and
@@ -403,9 +363,11 @@ local function everyone(sender, targets)
     -- every member's status and inbox depth, each hash read whole: up to 128 fields Redis
     -- keeps a hash as a list, where every field named in an HMGET is a scan of it all
     whole = true
-    local st = call('HGETALL', status)
-    for i = 1, #st, 2 do
-      if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
+    if not status_whole then
+      local st = call('HGETALL', status)
+      for i = 1, #st, 2 do
+        if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
+      end
     end
     local ib = call('HGETALL', inbox)
     for i = 1, #ib, 2 do

@@ -50,6 +50,9 @@ def _assert_key_discipline(text: str) -> None:
     assert not re.search(r"redis\.call\(\s*'(KEYS|SCAN)'", text)
     # every key argument of a redis.call is a variable bound from KEYS, never a built string
     assert not re.search(r"redis\.call\(\s*'\w+'\s*,\s*'[^']*:", text)
+    # nor a name joined to a prefix (tests/lua/test_declared_keys.py checks every key a
+    # script touched, from outside)
+    assert not re.search(r"\bcall\(\s*'\w+'\s*,\s*[\w.\[\]]+\s*\.\.", text)
 
 
 def test_every_script_is_there() -> None:

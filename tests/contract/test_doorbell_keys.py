@@ -1,0 +1,168 @@
+"""A script that rings doorbells is given them in KEYS: a call that lacks some writes nothing
+and says which, and the bus makes it again with them. Checked with members the caller could
+not know (joined on another bus, named by id, a broadcast's, a cascade's) and by raw calls that
+leave doorbells out at random."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from redisbus import Bus, BusSettings, RedisbusError
+from redisbus import _bindings as bind
+from redisbus import _core as core
+from redisbus._keys import doorbells
+from tests.support.servers import Server
+
+OPEN: dict[str, Any] = {
+    "routing": "family",
+    "pair_rate_burst": 0,
+    "sender_rate_burst": 0,
+    "inbox_cap": 100_000,
+}
+
+
+def _state(r: redis.Redis, ch: Any, names: list[str]) -> tuple[Any, ...]:
+    k = ch.keys
+    return (
+        r.xlen(k.stream),
+        r.hgetall(k.inbox),
+        {f: v for f, v in r.hgetall(k.rate).items() if f != "#lim"},
+        r.hgetall(k.idem),
+        [(r.lrange(k.bell(n), 0, -1), r.llen(k.wakeup(n))) for n in names],
+    )
+
+
+def test_a_broadcast_reaches_members_joined_on_another_bus_since_it_last_met_them(
+    redis7: Server,
+) -> None:
+    # given: a sender on one bus, and members it never met, joined on another bus
+    r = redis7.client()
+    with (
+        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here,
+        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there,
+    ):
+        ch = here.channel("dk-bc", **{**OPEN, "routing": "open"})
+        s = ch.join("s")
+        theirs = {n: there.channel("dk-bc").join(n) for n in ("a", "b", "c")}
+        for turn in range(3):
+            before = r.xlen(ch.keys.stream)
+            # when: it broadcasts (the second time, after one more joined over there)
+            got = s.send("all", f"to everyone {turn}")
+            # then: every member got it, from one entry: the call that lacked their doorbells
+            # wrote nothing
+            assert sorted(x.to for x in got) == sorted(theirs)
+            assert r.xlen(ch.keys.stream) == before + 1
+            for agent in theirs.values():
+                (m,) = agent.wait(timeout=2).messages
+                assert m.body == f"to everyone {turn}"
+                agent.mark_done(m)
+            new = f"late{turn}"
+            theirs[new] = there.channel("dk-bc").join(new)
+        # and a message to an agent id (a name the sender's bus could not map) rings it too
+        late = theirs["late2"]
+        assert s.send(late.id, "by id").to == "late2"
+        assert [m.body for m in late.wait(timeout=2).messages] == ["by id"]
+
+
+def test_a_cancel_wakes_descendants_joined_on_another_bus(redis7: Server) -> None:
+    # given: a parent whose child's subtree joined on another bus
+    with (
+        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here,
+        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there,
+    ):
+        ch = here.channel("dk-cancel", **OPEN)
+        boss = ch.join("boss")
+        other = there.channel("dk-cancel")
+        kid = other.join("kid", parent="boss")
+        grandkids = [other.join(f"g{i}", parent="kid") for i in range(3)]
+        # when: the parent cancels the child
+        boss.cancel("kid", "stop")
+        # then: the child and every descendant is woken by the control message
+        for agent in (kid, *grandkids):
+            got = agent.wait(timeout=2)
+            assert got.kind == "cancelled", (agent.name, got)
+
+
+def test_a_call_that_keeps_lacking_doorbells_is_a_clear_error_and_writes_nothing(
+    redis7: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a bus whose every remade call would still lack the doorbells (as when members
+    # join between each try)
+    r = redis7.client()
+    with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here:
+        ch = here.channel("dk-stale", **OPEN)
+        s = ch.join("s")
+        with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there:
+            there.channel("dk-stale").join("far")
+        before = _state(r, ch, ["far"])
+        monkeypatch.setattr("redisbus._sync.io.with_bells", lambda call, names: call)
+        # when: it broadcasts
+        with pytest.raises(RedisbusError, match="kept asking for more doorbells"):
+            s.send("all", "never")
+        # then: nothing was written
+        assert _state(r, ch, ["far"]) == before
+
+
+NAMES = ["a", "b", "c", "d"]
+
+
+@pytest.fixture(scope="module")
+def raw(redis7: Server) -> Any:
+    r = redis7.client()
+    bus = Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600))
+    ch = bus.channel("dk-raw", **OPEN)
+    agents = {n: ch.join(n, parent="a" if n != "a" else None) for n in NAMES}
+    yield bus, ch, agents, r
+    bus.close()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sender=st.sampled_from(NAMES),
+    to=st.one_of(
+        st.just("all"),
+        st.sampled_from([*NAMES, "parent", "id:b", "nobody"]),
+        st.lists(st.sampled_from([*NAMES, "parent", "id:c"]), min_size=1, max_size=4),
+    ),
+    given_bells=st.sets(st.sampled_from(NAMES)),
+    batch=st.booleans(),
+)
+def test_a_raw_call_without_a_doorbell_it_needs_writes_nothing_and_names_what_it_lacks(
+    raw: Any, sender: str, to: Any, given_bells: set[str], batch: bool
+) -> None:
+    bus, ch, agents, r = raw
+    ids = {f"id:{n}": agents[n].id for n in NAMES}
+    to = [ids.get(t, t) for t in to] if isinstance(to, list) else ids.get(to, to)
+    plan = core.plan_send(sender, to, "raw", parent=agents[sender].parent)
+    keys = [*bind.send_keys(ch.keys), *doorbells(ch.keys.stream, sorted(given_bells))]
+    call = bind.send(keys, [plan.argv, plan.argv] if batch else [plan.argv])
+    before = _state(r, ch, NAMES)
+    reply = r.execute_command(*_command(bus, call))
+    names = bind.unrung(call, reply)
+    event("lacked doorbells" if names is not None else f"ran: {type(reply).__name__}")
+    if names is not None:
+        # it lacked doorbells: it wrote nothing, and named only agents it lacked
+        assert _state(r, ch, NAMES) == before
+        assert names and not set(names) & given_bells and set(names) <= set(NAMES)
+    else:
+        # it had them all: what it wrote rang only agents it was given
+        after = _state(r, ch, NAMES)
+        for n, (b0, b1) in zip(NAMES, zip(before[-1], after[-1], strict=True), strict=True):
+            if b0 != b1:
+                assert n in given_bells, (n, to)
+        for agent in agents.values():  # drain, so each example starts from empty bells
+            taken = agent.wait(timeout=0).messages
+            if taken:
+                agent.mark_done(taken)
+
+
+def _command(bus: Bus, call: bind.Call) -> tuple[Any, ...]:
+    """The FCALL (or EVALSHA) of ``call``, loaded, as the bus would send it."""
+    return bus._io.command(*call)
