@@ -102,19 +102,31 @@ local function id_before(a, b)
 end
 
 -- the doorbells a call was given: `keys` from `first` on, in pairs, an agent's bell then its
--- wakeup list (see ring), by the agent's name. A bell's key is the channel's keys' common
--- start (the stream's key, `stream`, less its last letter), 'b:' and the name, its wakeup's the
--- same with 'w:': the name is read off the key given, no key is made from a name. A pair that
--- is not both (a raw call's) is passed over, so the call is refused for lack of it.
+-- wakeup list (see ring), by the agent's name: name -> {bell, wakeup}. A bell's key is the
+-- channel's keys' common start (the stream's key, `stream`, less its last letter), 'b:' and
+-- the name, its wakeup's the same with 'w:': the name is read off the key given, no key is
+-- made from a name. A pair that is not both (a raw call's) is passed over, so the call is
+-- refused for lack of it. What a bell's key says is kept (a Functions library keeps this memo
+-- from call to call: up to 4,096 bells, then it starts again), so a send reads its
+-- recipient's pair in one lookup instead of cutting and joining its keys.
+local bell_memo, bell_memo_kept = {}, 0
 local function doorbells(stream, keys, first)
-  local base = string.sub(stream, 1, -2)
-  local n, out = #base + 2, {}
+  local out, base = {}, nil
   for i = first, #keys - 1, 2 do
-    local bell, wakeup = keys[i], keys[i + 1]
-    local name = string.sub(bell, n + 1)
-    if string.sub(bell, 1, n) == base .. 'b:' and wakeup == base .. 'w:' .. name then
-      out[name] = {bell, wakeup}
+    local bell = keys[i]
+    local known = bell_memo[bell]
+    if not known or known[4] ~= stream then
+      known = nil
+      base = base or string.sub(stream, 1, -2)
+      local n = #base + 2
+      if string.sub(bell, 1, n) == base .. 'b:' then
+        local name = string.sub(bell, n + 1)
+        known = {bell, base .. 'w:' .. name, name, stream}
+        if bell_memo_kept == 4096 then bell_memo, bell_memo_kept = {}, 0 end
+        bell_memo[bell], bell_memo_kept = known, bell_memo_kept + 1
+      end
     end
+    if known and keys[i + 1] == known[2] then out[known[3]] = known end
   end
   return out
 end
