@@ -90,6 +90,12 @@ class AgentState:
                 names += [self.parent or "" if n == "parent" else n for n in p.names]
         return [*self._send_keys, *doorbells(self._keys.stream, filter(None, names))]
 
+    def _resolved(self, given: str, name: str) -> None:
+        """A send to ``given`` (an agent id, "parent") went to member ``name``: the next one is
+        given that member's doorbell at once."""
+        if given in self._keys_to:
+            self._keys_to[given] = [*self._send_keys, *doorbells(self._keys.stream, [name])]
+
     def _send_keys_to(self, plan: Any) -> builtins.list[str]:
         """``_send_keys_for`` of one plan, kept for a plan to one name."""
         if plan.mode != "one":

@@ -112,6 +112,8 @@ class Agent(Fetching):
                     idempotent=idempotency_key is not None,
                 )
                 result = core.parse_send(plan, reply)
+                if isinstance(result, Receipt) and result.to != plan.names[0]:
+                    self._resolved(plan.names[0], result.to)
             except RedisbusError as e:
                 self._bus.metrics.rejected(e.code)
                 raise

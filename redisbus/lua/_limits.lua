@@ -60,9 +60,11 @@ end
 -- doorbells) of every agent its messages may go to: `args` its ARGV, `count` messages of `nf`
 -- fields each (1 sender, 2 mode, 3 recipients). May go to: each name given as the send
 -- resolves it (a member's name, known in `status_of`; "parent", the sender's parent, kept in
--- `parent_of`; an agent id, through hash `ids`), every member for a broadcast (hash `status`
--- read whole, into `status_of`). The checks that follow may refuse some: a superset. Returns
--- undeclared's reply (nil when none is missing), and whether `status` was read whole.
+-- `parent_of`; an agent id, through hash `ids`), every member for a broadcast. The checks
+-- that follow may refuse some: a superset. A broadcast's members are read whole, once for the
+-- call: hash `parents` (every member, join writes it) into `parent_of`, hash `status` into
+-- `status_of`. Returns undeclared's reply (nil when none is missing), and the flat HGETALL of
+-- `parents` when it was read.
 local function may_ring(bells, args, count, nf, status, parents, ids, status_of, parent_of)
   local may, nm, roster = {}, 0, nil
   for item = 1, count do
@@ -70,9 +72,11 @@ local function may_ring(bells, args, count, nf, status, parents, ids, status_of,
     local sender = args[base + 1]
     if args[base + 2] == 'all' then
       if not roster then
-        roster = redis.call('HGETALL', status)
-        for i = 1, #roster, 2 do
-          if status_of[roster[i]] == nil then status_of[roster[i]] = roster[i + 1] end
+        roster = redis.call('HGETALL', parents)
+        for i = 1, #roster, 2 do parent_of[roster[i]] = roster[i + 1] end
+        local st = redis.call('HGETALL', status)
+        for i = 1, #st, 2 do
+          if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
         end
       end
       for i = 1, #roster, 2 do nm = nm + 1; may[nm] = roster[i] end
@@ -92,7 +96,7 @@ local function may_ring(bells, args, count, nf, status, parents, ids, status_of,
       end
     end
   end
-  return undeclared(bells, may, nm), roster ~= nil
+  return undeclared(bells, may, nm), roster
 end
 
 -- "tokens now_ms": the value of a bucket left with `tokens` at `now_s` (the call's clock, as

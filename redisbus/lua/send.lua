@@ -280,8 +280,7 @@ local status_of, parent_of = {}, {} -- member -> status / parent name, false: no
 local depth_of, depth_dirty = {}, {} -- inbox depth now (read, plus this call's); to write
 local idem_of, idem_new = nil, nil  -- idempotency field -> "id\tto"|false; to write (lazy)
 local sent_any = false
-local whole = false -- every member's status and inbox depth read (by a broadcast)
-local status_whole = false -- every member's status read
+local whole = false -- every member's inbox depth read (by a broadcast)
 
 -- The status (and, with with_parents, the parent) of names not looked up yet. Open routing
 -- needs no parents unless "parent" is named or a broadcast groups its receipts; membership is
@@ -315,8 +314,8 @@ end
 
 -- Before anything is written: the doorbell of every agent a message may go to is in KEYS,
 -- else the call says which are missing and writes nothing (may_ring)
-local miss
-miss, status_whole = may_ring(bells, ARGV, count, NF, status, parents, ids, status_of, parent_of)
+local miss, roster = may_ring(bells, ARGV, count, NF, status, parents, ids, status_of,
+  parent_of)
 if miss then return miss end
 
 -- The steps of send_message() that are more than a few lines, in the order it takes them
@@ -357,18 +356,12 @@ end
 -- a broadcast's recipients: every member the sender reaches, grouped by relation (parent,
 -- siblings, children, the others), sorted by name in each group
 local function everyone(sender, targets)
-  local flat = call('HGETALL', parents)
-  for i = 1, #flat, 2 do parent_of[flat[i]] = flat[i + 1] end
+  -- every member with its parent, and its status, were read whole before the first message
+  -- (may_ring); its inbox depth too, here, once a call: up to 128 fields Redis keeps a hash
+  -- as a list, where every field named in an HMGET is a scan of it all
+  local flat = roster
   if not whole then
-    -- every member's status and inbox depth, each hash read whole: up to 128 fields Redis
-    -- keeps a hash as a list, where every field named in an HMGET is a scan of it all
     whole = true
-    if not status_whole then
-      local st = call('HGETALL', status)
-      for i = 1, #st, 2 do
-        if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
-      end
-    end
     local ib = call('HGETALL', inbox)
     for i = 1, #ib, 2 do
       if depth_of[ib[i]] == nil then depth_of[ib[i]] = tonumber(ib[i + 1]) end

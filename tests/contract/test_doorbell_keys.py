@@ -16,7 +16,7 @@ from redisbus import Bus, BusSettings, RedisbusError
 from redisbus import _bindings as bind
 from redisbus import _core as core
 from redisbus._keys import doorbells
-from tests.support.servers import Server
+from tests.support.servers import Server, start_server
 
 OPEN: dict[str, Any] = {
     "routing": "family",
@@ -166,3 +166,57 @@ def test_a_raw_call_without_a_doorbell_it_needs_writes_nothing_and_names_what_it
 def _command(bus: Bus, call: bind.Call) -> tuple[Any, ...]:
     """The FCALL (or EVALSHA) of ``call``, loaded, as the bus would send it."""
     return bus._io.command(*call)
+
+
+def test_a_send_by_agent_id_asks_for_the_doorbell_once(tmp_path: Any) -> None:
+    # given: a server of this test's own (its command counts are this test's alone)
+    srv = start_server("redis7", tmp_path)
+    try:
+        r = srv.client()
+        with Bus.from_url(srv.url, settings=BusSettings(heartbeat_s=600)) as bus:
+            ch = bus.channel("dk-id", **{**OPEN, "routing": "open"})
+            s, z = ch.join("s"), ch.join("z")
+
+            def script_calls() -> int:
+                stats = r.info("commandstats")
+                return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in SCRIPTS)
+
+            # when: it sends to the agent's id twice
+            r.config_resetstat()
+            assert s.send(z.id, "first").to == "z"
+            first = script_calls()
+            r.config_resetstat()
+            assert s.send(z.id, "second").to == "z"
+            # then: the first call lacked z's doorbell (the id is no name) and was made again;
+            # the second was given it at once
+            assert (first, script_calls()) == (2, 1)
+            assert [m.body for m in z.wait(timeout=1).messages] == ["first", "second"]
+    finally:
+        srv.stop()
+
+
+SCRIPTS = ("fcall", "evalsha", "eval")
+
+
+def test_a_batch_that_names_an_id_and_broadcasts_routes_the_id_by_its_own_parent(
+    redis7: Server,
+) -> None:
+    # given: family routing with siblings: boss -> mid -> leaf, and boss's sibling peer
+    with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as bus:
+        ch = bus.channel("dk-route", **{**OPEN, "siblings": True})
+        boss = ch.join("boss")
+        mid = ch.join("mid", parent="boss")
+        leaf = ch.join("leaf", parent="mid")
+        ch.join("peer")
+        # when: boss sends a batch: a message to its grandchild named by id, then a broadcast
+        # (the call reads every member's status whole before its first message)
+        out = boss.send_many([(leaf.id, "x"), ("all", "hi")])
+        # then: the grandchild is out of its reach (a root and leaf are not siblings: leaf's
+        # parent is mid); the broadcast reached its child and its sibling
+        (to_leaf,) = out[0] if isinstance(out[0], list) else [out[0]]
+        assert to_leaf.error is not None and to_leaf.error.code == "routing_refused"
+        broadcast = out[1]
+        assert isinstance(broadcast, list)
+        assert sorted(r.to for r in broadcast if r.error is None) == ["mid", "peer"]
+        assert not leaf.wait(timeout=0).messages
+        assert [m.body for m in mid.wait(timeout=1).messages] == ["hi"]
