@@ -39,6 +39,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+#: What follows a channel's keys' common start in an agent's doorbell and wakeup list.
+BELL, WAKEUP = "b:", "w:"
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelKeys:
@@ -81,8 +84,8 @@ class ChannelKeys:
             limits=base + "lim",
             nonces=base + "nonce",
             nonce_at=base + "nonce:at",
-            bells=base + "b:",
-            wakeups=base + "w:",
+            bells=base + BELL,
+            wakeups=base + WAKEUP,
         )
 
     def bell(self, agent: str) -> str:
@@ -104,7 +107,7 @@ def doorbells(stream: str, agents: Iterable[str]) -> list[str]:
     for a in agents:
         if a not in seen:
             seen.add(a)
-            out += (base + "b:" + a, base + "w:" + a)
+            out += (base + BELL + a, base + WAKEUP + a)
     return out
 
 

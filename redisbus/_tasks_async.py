@@ -182,7 +182,7 @@ class Coalescer:
                 name == "send"
                 and calls
                 and calls[-1][0] == "send"
-                and calls[-1][1][:fixed] == keys[:fixed]
+                and calls[-1][1][0] == keys[0]  # the same channel: its stream names the rest
                 and sizes[-1] < core.SEND_BATCH
             ):
                 merged = calls[-1][1]

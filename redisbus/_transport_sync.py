@@ -67,7 +67,8 @@ def slot_table(client: Any) -> None:
 
 def moved(client: Any, e: rx.MovedError) -> None:
     """A Cluster client's slot table takes a MOVED reply's word: the slot is served by the node
-    it names (redis-py 7+: ``move_slot``; before, the next slot lookup applies it)."""
+    it names (``move_slot`` where redis-py has it, as 8.x does; 5.x and 6.x apply a noted
+    MOVED at the next slot lookup)."""
     nodes = client.nodes_manager
     if hasattr(nodes, "move_slot"):
         nodes.move_slot(e)

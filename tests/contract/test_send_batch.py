@@ -193,6 +193,28 @@ async def test_concurrent_async_sends_are_merged_and_keep_every_limit(redis7: Se
         assert (await ch.counts())["b"] == 25
 
 
+async def test_concurrent_async_sends_to_different_agents_are_merged_with_their_doorbells(
+    redis7: Server,
+) -> None:
+    async with AsyncBus.from_url(redis7.url) as bus:
+        # given: 30 pairs of agents on one channel
+        ch = await bus.channel("batch-bells", routing="open", pair_rate_burst=0)
+        senders = [await ch.join(f"s{i}") for i in range(30)]
+        targets = [await ch.join(f"t{i}") for i in range(30)]
+        r = redis.Redis(port=redis7.port)
+        r.config_resetstat()
+        # when: each sender sends to its own recipient, all at once
+        out = await asyncio.gather(*(s.send(f"t{i}", s.name) for i, s in enumerate(senders)))
+        calls = r.info("commandstats")[f"cmdstat_{bus._io.verb.lower()}"]["calls"]
+        # then: they went out merged though each names another recipient's doorbell (calls
+        # merged only when their KEYS matched would be 30), and each recipient was rung
+        assert calls < 10, calls
+        assert [x.to for x in out] == [f"t{i}" for i in range(30)]
+        for i, t in enumerate(targets):
+            got = await t.wait(timeout=1)
+            assert [m.body for m in got.messages] == [f"s{i}"]
+
+
 def test_the_test_double_runs_batches_too() -> None:
     with memory_bus() as bus:
         ch = bus.channel(
