@@ -438,8 +438,19 @@ def unrung(call: Call, reply: Any) -> list[str] | None:
 
 
 def with_bells(call: Call, names: Iterable[str]) -> Call:
-    """``call`` given the doorbells of ``names`` too (its first key is the channel's stream)."""
-    return Call(call.script, [*call.keys, *doorbells(call.keys[0], names)], call.args)
+    """``call`` given the doorbells of ``names`` too (its first key is the channel's stream).
+
+    A send's broadcasts go, made again, to the members whose doorbells they are given
+    (recipients "known"): every member the first try found is among them, and one that joined
+    since joined after the broadcast began, so it neither receives it nor makes it ask again
+    (else a channel that members keep joining could keep a broadcast asking)."""
+    args = call.args
+    if call.script == "send":
+        args = list(args)
+        for i in range(0, len(args) - _SEND_FIELDS + 1, _SEND_FIELDS):
+            if args[i + 1] == "all":
+                args[i + 2] = "known"
+    return Call(call.script, [*call.keys, *doorbells(call.keys[0], names)], args)
 
 
 def settle(keys: Sequence[str], agent: str, ops: Sequence[str]) -> Call:

@@ -63,7 +63,9 @@ end
 -- `parent_of`; an agent id, through hash `ids`), every member for a broadcast. The checks
 -- that follow may refuse some: a superset. A broadcast's members are read whole, once for the
 -- call: hash `parents` (every member, join writes it) into `parent_of`, hash `status` into
--- `status_of`. Returns undeclared's reply (nil when none is missing), and the flat HGETALL of
+-- `status_of`. A broadcast whose recipients field is "known" (a retried one: see send.lua's
+-- header) may go to the members whose doorbells it was given only: the others are not asked
+-- for. Returns undeclared's reply (nil when none is missing), and the flat HGETALL of
 -- `parents` when it was read.
 local function may_ring(bells, args, count, nf, status, parents, ids, status_of, parent_of)
   local may, nm, roster = {}, 0, nil
@@ -79,7 +81,9 @@ local function may_ring(bells, args, count, nf, status, parents, ids, status_of,
           if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
         end
       end
-      for i = 1, #roster, 2 do nm = nm + 1; may[nm] = roster[i] end
+      if args[base + 3] ~= 'known' then
+        for i = 1, #roster, 2 do nm = nm + 1; may[nm] = roster[i] end
+      end
     else
       for name in string.gmatch(args[base + 3], '[^\n]+') do
         nm = nm + 1

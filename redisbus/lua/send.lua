@@ -10,7 +10,10 @@
 -- k=1  sender name
 -- k=2  mode: "one" (a single recipient: any refusal refuses the send),
 --            "many" (a list: refusals are per recipient), "all" (broadcast to the reachable)
--- k=3  recipients, "\n"-separated: names, agent ids or "parent" (ignored for "all")
+-- k=3  recipients, "\n"-separated: names, agent ids or "parent"; for "all", "" (every member
+--      the sender reaches) or "known" (every such member whose doorbell is in KEYS: a
+--      broadcast made again after a {-1, ...} reply, so that members who joined since its
+--      first try, which it is not given, do not make it ask again: they joined after it)
 -- k=4  subject   k=5 body   k=6 type   k=7 priority (0, 1, 2)
 -- k=8  reply_to entry id or ""   k=9 ttl (seconds) or ""
 -- k=10 idempotency key or ""  k=11 trace context or ""
@@ -26,7 +29,8 @@
 --   for several: a list of those, one per message, in order.
 --   Or, for the whole call, {-1, name, ...}: agents the messages may go to whose doorbells
 --   were not in KEYS (a broadcast's: every member's); nothing was written (call again with
---   them).
+--   them, and a broadcast's recipients "known": a member joining while it is made again then
+--   does not make it ask once more, however fast members join).
 --
 -- The helpers of its limits (buckets, dampener, routing, text rules) and of its chain rules
 -- are in the libraries _limits.lua and _chain.lua, loaded in front of it (redisbus/_scripts.py).
@@ -371,7 +375,7 @@ local function everyone(sender, targets)
   local groups = {parent = {}, sibling = {}, child = {}, member = {}}
   for i = 1, #flat, 2 do
     local name, np = flat[i], flat[i + 1]
-    if name ~= sender then
+    if name ~= sender and bells[name] then -- (may_ring: all of them, unless "known")
       local rel, ok = reach(sender, sp, name, np, open_routing, siblings)
       if ok then local g = groups[rel]; g[#g + 1] = name end
     end

@@ -133,30 +133,40 @@ def raw(redis7: Server) -> Any:
     ),
     given_bells=st.sets(st.sampled_from(NAMES)),
     batch=st.booleans(),
+    known=st.sampled_from(["", "known", "known\n", "a", "\xff"]),
 )
 def test_a_raw_call_without_a_doorbell_it_needs_writes_nothing_and_names_what_it_lacks(
-    raw: Any, sender: str, to: Any, given_bells: set[str], batch: bool
+    raw: Any, sender: str, to: Any, given_bells: set[str], batch: bool, known: str
 ) -> None:
     bus, ch, agents, r = raw
     ids = {f"id:{n}": agents[n].id for n in NAMES}
     to = [ids.get(t, t) for t in to] if isinstance(to, list) else ids.get(to, to)
     plan = core.plan_send(sender, to, "raw", parent=agents[sender].parent)
+    argv = list(plan.argv)
+    if argv[1] == "all":  # a broadcast's recipients field: "" or "known", or junk an attacker
+        argv[2] = known  # wrote (read as "")
     keys = [*bind.send_keys(ch.keys), *doorbells(ch.keys.stream, sorted(given_bells))]
-    call = bind.send(keys, [plan.argv, plan.argv] if batch else [plan.argv])
+    call = bind.send(keys, [argv, argv] if batch else [argv])
     before = _state(r, ch, NAMES)
     reply = r.execute_command(*_command(bus, call))
     names = bind.unrung(call, reply)
     event("lacked doorbells" if names is not None else f"ran: {type(reply).__name__}")
     if names is not None:
-        # it lacked doorbells: it wrote nothing, and named only agents it lacked
+        # it lacked doorbells: it wrote nothing, and named only agents it lacked (a broadcast
+        # "known" never lacks any: it goes to those it was given)
         assert _state(r, ch, NAMES) == before
         assert names and not set(names) & given_bells and set(names) <= set(NAMES)
+        assert not (to == "all" and known == "known"), names
     else:
         # it had them all: what it wrote rang only agents it was given
         after = _state(r, ch, NAMES)
         for n, (b0, b1) in zip(NAMES, zip(before[-1], after[-1], strict=True), strict=True):
             if b0 != b1:
                 assert n in given_bells, (n, to)
+        if to == "all" and isinstance(reply, list) and reply and reply[0] == 1:
+            # a broadcast "known" went to members it was given only (the others it may reach)
+            given = given_bells if known == "known" else set(NAMES)
+            assert set(reply[2]) <= given - {sender}, (reply, given_bells, known)
         for agent in agents.values():  # drain, so each example starts from empty bells
             taken = agent.wait(timeout=0).messages
             if taken:

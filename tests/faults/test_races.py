@@ -123,3 +123,40 @@ def test_replicas_racing_in_a_busy_channel_take_each_message_once_and_leave_no_r
     assert ch.counts()["worker"] == 0
     assert stream_inbox_counts(bus.redis, ch) == {"bystander": 300}
     bus.close()
+
+
+def test_a_broadcast_made_while_members_keep_joining_goes_out_to_everyone_there_before_it(
+    redis7: Server,
+) -> None:
+    # given: a channel that two processes fill with 150 members each, as fast as they can,
+    # while a third broadcasts over and over (each broadcast is given the doorbells of the
+    # members its bus knows; those who joined since make it ask for theirs and go again)
+    redis7.client().flushall()
+    bus = Bus.from_url(redis7.url, settings=BusSettings(metrics=False, heartbeat_s=600))
+    ch = bus.channel(
+        "joining", routing="open", inbox_cap=100_000, pair_rate_burst=0, sender_rate_burst=0
+    )
+    n = 150
+    # when: they race
+    results = race_workers.run_all(
+        race_workers.role_of_joining,
+        [
+            ("join", (redis7.url, "joining", "a", n)),
+            ("join", (redis7.url, "joining", "b", n)),
+            ("broadcast", (redis7.url, "joining", "s", 2 * n + 1)),
+        ],
+    )
+    (report,) = [x for x in results if "made" in x]
+    # then: no broadcast failed (members joining between its tries never made it give up)
+    assert report["errors"] == []
+    made = report["made"]
+    assert sum(len(before) < 2 * n + 1 for before, _, _, _ in made) >= 3  # (during the race)
+    r = redis7.client()
+    rung = {name: set(r.lrange(ch.keys.bell(name), 0, -1)) for name in made[-1][2]}
+    for before, to, after, entry in made:
+        # each went to every member there before the call began, and to no one who was not
+        # a member once it returned (one who joined meanwhile may or may not have it)
+        assert set(before) - {"s"} <= set(to) <= set(after) - {"s"}
+        # and rang each recipient's doorbell with its entry
+        assert all(entry in rung[name] for name in to), entry
+    bus.close()

@@ -84,6 +84,57 @@ def take_until_quiet(
     out.put({"replica": True, "got": got})
 
 
+def join_many(
+    url: str, channel: str, prefix: str, n: int, barrier: Barrier, out: Queue[Any]
+) -> None:
+    """Join ``n`` agents named ``prefix0``.. as fast as one client can; report how many."""
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False, heartbeat_s=600))
+    ch = bus.channel(channel)
+    barrier.wait()
+    for i in range(n):
+        ch.join(f"{prefix}{i}")
+    bus.close()
+    out.put({"joined": n})
+
+
+def broadcast_until(
+    url: str, channel: str, sender: str, members: int, barrier: Barrier, out: Queue[Any]
+) -> None:
+    """Broadcast from ``sender`` until the channel has ``members`` members, and twice more;
+    report, per broadcast, the members there before the call, its recipients, the members
+    there after it, and its entry id; and any error."""
+    import redis
+
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False, heartbeat_s=600))
+    agent = bus.channel(channel).join(sender)
+    parents = agent.channel.keys.parents
+    r = redis.Redis.from_url(url, decode_responses=True)
+    barrier.wait()
+    made: list[tuple[list[Any], list[str], list[Any], Any]] = []
+    errors: list[str] = []
+    after_all = 0
+    while after_all < 2:
+        before = r.hkeys(parents)
+        try:
+            got = agent.send("all", f"b{len(made)}")
+        except Exception as e:  # (reported, not raised: the test names it)
+            errors.append(f"{type(e).__name__}: {e}")
+            if len(errors) > 200:
+                break
+            continue
+        ids = {x.id for x in got}
+        made.append((before, [x.to for x in got], r.hkeys(parents), ids.pop() if ids else ""))
+        after_all += len(before) >= members
+    bus.close()
+    out.put({"made": made, "errors": errors})
+
+
+def role_of_joining(what: str, args: tuple[Any, ...], barrier: Barrier, out: Queue[Any]) -> None:
+    """``join_many`` (what "join") or ``broadcast_until`` (what "broadcast")."""
+    work: Any = join_many if what == "join" else broadcast_until
+    work(*args, barrier, out)
+
+
 def role(
     send: tuple[str, str, str, list[str], int] | None,
     serve: tuple[str, str, str, float],
