@@ -134,7 +134,8 @@ LEAVE = _s("leave", _MEMBER, "agent id replica")
 OUTCOME = _s(
     "outcome",
     "stream parents status inbox bells..",
-    "op actor target text sig control_sig signed_at",
+    "op actor target text sig control_sig signed_at known",
+    optional_args=1,
 )
 RECEIPT = _s("receipt", "stream marks", "entry")
 REMOVE = _s("remove", _MEMBER, "agent force")
@@ -440,16 +441,19 @@ def unrung(call: Call, reply: Any) -> list[str] | None:
 def with_bells(call: Call, names: Iterable[str]) -> Call:
     """``call`` given the doorbells of ``names`` too (its first key is the channel's stream).
 
-    A send's broadcasts go, made again, to the members whose doorbells they are given
+    Made again, a send's broadcasts go to the members whose doorbells they are given
     (recipients "known"): every member the first try found is among them, and one that joined
-    since joined after the broadcast began, so it neither receives it nor makes it ask again
-    (else a channel that members keep joining could keep a broadcast asking)."""
+    since joined after the broadcast began, so it neither receives it nor makes it ask again.
+    An outcome's cascade ("known" too) cancels such a late descendant without ringing it (it
+    learns from its status). Else members that keep joining could keep a call asking."""
     args = call.args
     if call.script == "send":
         args = list(args)
         for i in range(0, len(args) - _SEND_FIELDS + 1, _SEND_FIELDS):
             if args[i + 1] == "all":
                 args[i + 2] = "known"
+    elif call.script == "outcome":
+        args = [*args[:7], "known"]
     return Call(call.script, [*call.keys, *doorbells(call.keys[0], names)], args)
 
 

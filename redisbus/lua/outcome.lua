@@ -11,11 +11,15 @@
 -- ARGV[6] control_sig: the control message's signature or ""
 -- ARGV[7] signed_at: the signing time (ms) or ""
 --         (see _signing.py; the client signs what this writes)
+-- ARGV[8] known: "known" when the call is made again after a {-1, ...} reply (optional): a
+--         descendant whose doorbell it is not given joined since the first try; it is
+--         cancelled all the same, and learns it from its status (a wait's quiet slice, a
+--         heartbeat) instead of from the control message, so joins never make it ask again
 --
 -- returns {0, code, message}   refused
 --      or {1, outcome entry id or "", control entry id or "", cancelled count}
 --      or {-1, name, ...}: the agents it would write to whose doorbells were not in KEYS;
---         nothing was written (call again with them)
+--         nothing was written (call again with them, and "known")
 --
 -- "fail", "cancel" and "lost" cancel the target's descendants: their status becomes
 -- "cancelled" and one control message (subject "cancel") wakes every one of them, on any host.
@@ -32,6 +36,7 @@ local stream, parents, status, inbox = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local bells = doorbells(stream, KEYS, 5)
 local op, actor, target, text = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local outcome_sig, control_sig, sig_ts = ARGV[5] or '', ARGV[6] or '', ARGV[7] or ''
+local known = ARGV[8] == 'known'
 local function signed(fields, sig)
   if sig ~= '' then
     fields[#fields + 1] = 'g'; fields[#fields + 1] = sig
@@ -95,7 +100,9 @@ end
 -- the outcome goes to a parent that can still receive it
 local wake = {}
 if new_status and (op == 'cancel' or op == 'lost') then wake[1] = target end
-for _, v in ipairs(victims) do wake[#wake + 1] = v end
+for _, v in ipairs(victims) do
+  if bells[v] or not known then wake[#wake + 1] = v end -- ("known": see ARGV[8])
+end
 local to_parent = false
 if parent ~= '' and new_status then
   local ps = redis.call('HGET', status, parent)

@@ -230,3 +230,32 @@ def test_a_batch_that_names_an_id_and_broadcasts_routes_the_id_by_its_own_parent
         assert sorted(r.to for r in broadcast if r.error is None) == ["mid", "peer"]
         assert not leaf.wait(timeout=0).messages
         assert [m.body for m in mid.wait(timeout=1).messages] == ["hi"]
+
+
+def test_a_cancel_made_again_ends_a_descendant_it_was_not_given_which_learns_from_its_status(
+    redis7: Server,
+) -> None:
+    # given: a parent's child, and a grandchild joined on another bus (its doorbell unknown to
+    # the parent's bus)
+    r = redis7.client()
+    with (
+        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here,
+        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there,
+    ):
+        ch = here.channel("dk-known", **OPEN)
+        boss = ch.join("boss")
+        ch.join("mid", parent="boss")
+        late = there.channel("dk-known").join("late", parent="mid")
+        # when: the cancel of the child is made as a call made again ("known"), without the
+        # grandchild's doorbell (as when it joined after the cancel's first try)
+        call = bind.outcome(ch.keys, "cancel", "boss", "mid", "stop", ["", "", ""], ["mid"])
+        call = bind.with_bells(call, ["boss"])
+        assert call.args[-1] == "known"
+        reply = r.execute_command(*_command(here, call))
+        # then: it went without asking; the whole subtree is cancelled; only the child was rung
+        assert reply[0] == 1 and reply[3] == 1, reply
+        assert r.hmget(ch.keys.status, ["mid", "late"]) == ["cancelled", "cancelled"]
+        assert r.llen(ch.keys.bell("mid")) == 1 and r.llen(ch.keys.bell("late")) == 0
+        # and the grandchild's next wait says it was cancelled (from its status)
+        assert late.wait(timeout=2).kind == "cancelled"
+        assert boss.wait(timeout=2).kind == "outcome"  # (the child's, rung as ever)

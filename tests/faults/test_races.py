@@ -160,3 +160,43 @@ def test_a_broadcast_made_while_members_keep_joining_goes_out_to_everyone_there_
         # and rang each recipient's doorbell with its entry
         assert all(entry in rung[name] for name in to), entry
     bus.close()
+
+
+def test_a_cancel_made_while_children_keep_joining_ends_the_whole_subtree(
+    redis7: Server,
+) -> None:
+    # given: twelve agents under one parent, and three processes that give the first still
+    # open of them children as fast as they can while the parent cancels the twelve in turn
+    # (each cancel is given the doorbells of the descendants its bus knows; those who joined
+    # since make it ask for theirs and go again)
+    redis7.client().flushall()
+    bus = Bus.from_url(redis7.url, settings=BusSettings(metrics=False, heartbeat_s=600))
+    ch = bus.channel("spawning", routing="family", inbox_cap=100_000)
+    ch.join("boss")
+    mids = [f"mid{i}" for i in range(12)]
+    with Bus.from_url(redis7.url, settings=BusSettings(metrics=False, heartbeat_s=600)) as b:
+        for m in mids:
+            b.channel("spawning").join(m, parent="boss")
+    url = redis7.url
+    # when: they race
+    results = race_workers.run_all(
+        race_workers.role_of_joining,
+        [
+            ("spawn", (url, "spawning", "a", mids, 400)),
+            ("spawn", (url, "spawning", "b", mids, 400)),
+            ("spawn", (url, "spawning", "c", mids, 400)),
+            ("cancel", (url, "spawning", "boss", mids)),
+        ],
+    )
+    # then: no cancel failed (children joining between its tries never made it give up)
+    (report,) = [x for x in results if "errors" in x]
+    assert report["errors"] == []
+    assert sum(x.get("refused", 0) for x in results) > 0  # (some joins came after a cancel)
+    # and every agent under the twelve ended: cancelled (its status), none left open
+    r = redis7.client()
+    parents = r.hgetall(ch.keys.parents)
+    status = r.hgetall(ch.keys.status)
+    under = [n for n, p in parents.items() if p in mids]
+    assert under
+    assert {status[n] for n in [*mids, *under]} == {"cancelled"}
+    bus.close()

@@ -129,9 +129,68 @@ def broadcast_until(
     out.put({"made": made, "errors": errors})
 
 
+def spawn_under(
+    url: str,
+    channel: str,
+    prefix: str,
+    parents: list[str],
+    n: int,
+    barrier: Barrier,
+    out: Queue[Any],
+) -> None:
+    """Join up to ``n`` agents named ``prefix0``.. as fast as one client can, each a child of
+    the first of ``parents`` that has not ended; report how many."""
+    from redisbus import AgentClosed
+
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False, heartbeat_s=600))
+    ch = bus.channel(channel)
+    barrier.wait()
+    joined = refused = 0
+    open_parents = list(parents)
+    for i in range(n):
+        if not open_parents:
+            break
+        try:
+            ch.join(f"{prefix}{i}", parent=open_parents[0])
+            joined += 1
+        except AgentClosed:
+            refused += 1
+            open_parents.pop(0)
+    bus.close()
+    out.put({"joined": joined, "refused": refused})
+
+
+def cancel_each(
+    url: str, channel: str, parent: str, children: list[str], barrier: Barrier, out: Queue[Any]
+) -> None:
+    """As ``parent``, cancel each of ``children`` in turn (once the channel has grown a little);
+    report the errors."""
+    import redis
+
+    bus = Bus.from_url(url, settings=BusSettings(metrics=False, heartbeat_s=600))
+    agent = bus.channel(channel).join(parent)
+    r = redis.Redis.from_url(url)
+    barrier.wait()
+    while r.hlen(agent.channel.keys.parents) < 40:
+        time.sleep(0.001)
+    errors: list[str] = []
+    for child in children:
+        try:
+            agent.cancel(child, "stop")
+        except Exception as e:  # (reported, not raised: the test names it)
+            errors.append(f"{type(e).__name__}: {e}")
+    bus.close()
+    out.put({"errors": errors})
+
+
 def role_of_joining(what: str, args: tuple[Any, ...], barrier: Barrier, out: Queue[Any]) -> None:
-    """``join_many`` (what "join") or ``broadcast_until`` (what "broadcast")."""
-    work: Any = join_many if what == "join" else broadcast_until
+    """``join_many``, ``broadcast_until``, ``spawn_under`` or ``cancel_each``, by ``what``."""
+    work: Any = {
+        "join": join_many,
+        "broadcast": broadcast_until,
+        "spawn": spawn_under,
+        "cancel": cancel_each,
+    }[what]
     work(*args, barrier, out)
 
 
