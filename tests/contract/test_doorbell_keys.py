@@ -5,6 +5,8 @@ leave doorbells out at random."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -37,15 +39,22 @@ def _state(r: redis.Redis, ch: Any, names: list[str]) -> tuple[Any, ...]:
     )
 
 
+@contextmanager
+def _buses(server: Server) -> Iterator[tuple[Bus, Bus]]:
+    """Two buses on ``server``: one a sender's, the other's members joined where it cannot see."""
+    with (
+        Bus.from_url(server.url, settings=BusSettings(heartbeat_s=600)) as here,
+        Bus.from_url(server.url, settings=BusSettings(heartbeat_s=600)) as there,
+    ):
+        yield here, there
+
+
 def test_a_broadcast_reaches_members_joined_on_another_bus_since_it_last_met_them(
     redis7: Server,
 ) -> None:
     # given: a sender on one bus, and members it never met, joined on another bus
     r = redis7.client()
-    with (
-        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here,
-        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there,
-    ):
+    with _buses(redis7) as (here, there):
         ch = here.channel("dk-bc", **{**OPEN, "routing": "open"})
         s = ch.join("s")
         theirs = {n: there.channel("dk-bc").join(n) for n in ("a", "b", "c")}
@@ -71,10 +80,7 @@ def test_a_broadcast_reaches_members_joined_on_another_bus_since_it_last_met_the
 
 def test_a_cancel_wakes_descendants_joined_on_another_bus(redis7: Server) -> None:
     # given: a parent whose child's subtree joined on another bus
-    with (
-        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here,
-        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there,
-    ):
+    with _buses(redis7) as (here, there):
         ch = here.channel("dk-cancel", **OPEN)
         boss = ch.join("boss")
         other = there.channel("dk-cancel")
@@ -238,10 +244,7 @@ def test_a_cancel_made_again_ends_a_descendant_it_was_not_given_which_learns_fro
     # given: a parent's child, and a grandchild joined on another bus (its doorbell unknown to
     # the parent's bus)
     r = redis7.client()
-    with (
-        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here,
-        Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there,
-    ):
+    with _buses(redis7) as (here, there):
         ch = here.channel("dk-known", **OPEN)
         boss = ch.join("boss")
         ch.join("mid", parent="boss")
