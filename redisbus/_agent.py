@@ -77,18 +77,35 @@ class AgentState:
         # send.lua's KEYS for one recipient named as such: the commonest send's, made once each
         self._keys_to: dict[str, builtins.list[str]] = {}
         self._bus._io.learn(self._keys.stream, [name])  # a member: a broadcast rings it
+        # the members this agent's last broadcast reached (accepted or refused): the doorbells
+        # its next one is given (None before the first: the members its bus met)
+        self._reach: builtins.list[str] | None = None
 
     def _send_keys_for(self, plans: Iterable[Any]) -> builtins.list[str]:
         """send.lua's KEYS for ``plans`` (SendPlans): the doorbells of the agents they name
-        ("parent": this agent's; a broadcast: the members this bus met so far). A script
-        asks for any others (an agent id's, a member that joined since) before it writes."""
+        ("parent": this agent's; a broadcast: those its last broadcast reached, else the
+        members this bus met so far). A script asks for any others (an agent id's, a member
+        that joined since) before it writes."""
         names: builtins.list[str] = []
         for p in plans:
             if p.mode == "all":
-                names += self._bus._io.known(self._keys.stream)
+                names += (
+                    self._bus._io.known(self._keys.stream) if self._reach is None else self._reach
+                )
             else:
                 names += [self.parent or "" if n == "parent" else n for n in p.names]
         return [*self._send_keys, *doorbells(self._keys.stream, filter(None, names))]
+
+    def _reached(self, plans: Iterable[Any], results: Iterable[Any]) -> None:
+        """What broadcasts among ``plans`` returned (``results``, one per plan): the members
+        the last one reached, accepted or refused, are the doorbells the next is given. Not
+        the whole roster: in a family, a broadcast reaches a few of many; and a member that
+        left is no longer passed."""
+        for p, result in zip(plans, results, strict=True):
+            if p.mode == "all" and isinstance(result, builtins.list):
+                names = [r.to for r in result]
+                if "all" not in names:  # (a call that failed whole names no member)
+                    self._reach = names
 
     def _resolved(self, given: str, name: str) -> None:
         """A send to ``given`` (an agent id, "parent") went to member ``name``: the next one is

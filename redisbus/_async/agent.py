@@ -111,8 +111,11 @@ class AsyncAgent(Fetching):
                     idempotent=idempotency_key is not None,
                 )
                 result = core.parse_send(plan, reply)
-                if isinstance(result, Receipt) and result.to != plan.names[0]:
-                    self._resolved(plan.names[0], result.to)
+                if isinstance(result, Receipt):
+                    if result.to != plan.names[0]:
+                        self._resolved(plan.names[0], result.to)
+                elif plan.mode == "all":
+                    self._reached([plan], [result])
             except RedisbusError as e:
                 self._bus.metrics.rejected(e.code)
                 raise
@@ -168,6 +171,7 @@ class AsyncAgent(Fetching):
                     await self._bus._io.scripts_raw(core.batch_calls(self._send_keys_for, sent)),
                 )
                 out, counts, refused = core.batch_results(sent, types, replies)
+                self._reached(sent, out)
                 self._count_batch(counts, refused)
         except BaseException as e:
             if span is not None:

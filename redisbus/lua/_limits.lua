@@ -56,53 +56,6 @@ local function limits_text(meta)
   return cmsgpack and '[' .. table.concat(v, ',') .. ']' or table.concat(v, '\t')
 end
 
--- send.lua's check, before its first write, that it was given the doorbell (`bells`, from
--- doorbells) of every agent its messages may go to: `args` its ARGV, `count` messages of `nf`
--- fields each (1 sender, 2 mode, 3 recipients). May go to: each name given as the send
--- resolves it (a member's name, known in `status_of`; "parent", the sender's parent, kept in
--- `parent_of`; an agent id, through hash `ids`), every member for a broadcast. The checks
--- that follow may refuse some: a superset. A broadcast's members are read whole, once for the
--- call: hash `parents` (every member, join writes it) into `parent_of`, hash `status` into
--- `status_of`. A broadcast whose recipients field is "known" (a retried one: see send.lua's
--- header) may go to the members whose doorbells it was given only: the others are not asked
--- for. Returns undeclared's reply (nil when none is missing), and the flat HGETALL of
--- `parents` when it was read.
-local function may_ring(bells, args, count, nf, status, parents, ids, status_of, parent_of)
-  local may, nm, roster = {}, 0, nil
-  for item = 1, count do
-    local base = (item - 1) * nf
-    local sender = args[base + 1]
-    if args[base + 2] == 'all' then
-      if not roster then
-        roster = redis.call('HGETALL', parents)
-        for i = 1, #roster, 2 do parent_of[roster[i]] = roster[i + 1] end
-        local st = redis.call('HGETALL', status)
-        for i = 1, #st, 2 do
-          if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
-        end
-      end
-      if args[base + 3] ~= 'known' then
-        for i = 1, #roster, 2 do nm = nm + 1; may[nm] = roster[i] end
-      end
-    else
-      for name in string.gmatch(args[base + 3], '[^\n]+') do
-        nm = nm + 1
-        if name == 'parent' then
-          if parent_of[sender] == nil then
-            parent_of[sender] = redis.call('HGET', parents, sender) or false
-          end
-          may[nm] = parent_of[sender] ~= '' and parent_of[sender] -- a root's is ''
-        elseif status_of[name] then
-          may[nm] = name
-        else
-          may[nm] = redis.call('HGET', ids, name) or false
-        end
-      end
-    end
-  end
-  return undeclared(bells, may, nm), roster
-end
-
 -- "tokens now_ms": the value of a bucket left with `tokens` at `now_s` (the call's clock, as
 -- text). Lua writes a number out with a printf of a float (about 4,000 instructions), and the
 -- counts recur: a bucket refilled to its burst is left with burst - 1, and a broadcast's
@@ -209,6 +162,60 @@ local function reach(sender, sp, name, np, open, siblings)
   elseif np == sp then rel = 'sibling' end
   if open or rel == 'child' or rel == 'parent' then return rel, true end
   return rel, rel == 'sibling' and siblings
+end
+
+-- send.lua's check, before its first write, that it was given the doorbell (`bells`, from
+-- doorbells) of every agent its messages may go to: `args` its ARGV, `count` messages of `nf`
+-- fields each (1 sender, 2 mode, 3 recipients). May go to: each name given as the send
+-- resolves it (a member's name, known in `status_of`; "parent", the sender's parent, kept in
+-- `parent_of`; an agent id, through hash `ids`), for a broadcast every member the sender
+-- reaches under the channel's routing (`open`, `siblings`: see reach). The checks that follow
+-- may refuse some: a superset. A broadcast's members are read whole, once for the call: hash
+-- `parents` (every member, join writes it) into `parent_of`, hash `status` into `status_of`. A
+-- broadcast whose recipients field is "known" (a retried one: see send.lua's header) may go to
+-- the members whose doorbells it was given only: the others are not asked for. Returns
+-- undeclared's reply (nil when none is missing), and the flat HGETALL of `parents` when it was
+-- read.
+local function may_ring(bells, args, count, nf, status, parents, ids, status_of, parent_of,
+  open, siblings)
+  local may, nm, roster = {}, 0, nil
+  for item = 1, count do
+    local base = (item - 1) * nf
+    local sender = args[base + 1]
+    if args[base + 2] == 'all' then
+      if not roster then
+        roster = redis.call('HGETALL', parents)
+        for i = 1, #roster, 2 do parent_of[roster[i]] = roster[i + 1] end
+        local st = redis.call('HGETALL', status)
+        for i = 1, #st, 2 do
+          if status_of[st[i]] == nil then status_of[st[i]] = st[i + 1] end
+        end
+      end
+      if args[base + 3] ~= 'known' then
+        local sp = parent_of[sender] or ''
+        for i = 1, #roster, 2 do
+          local name = roster[i]
+          local _, ok = reach(sender, sp, name, roster[i + 1], open, siblings)
+          if ok and name ~= sender then nm = nm + 1; may[nm] = name end
+        end
+      end
+    else
+      for name in string.gmatch(args[base + 3], '[^\n]+') do
+        nm = nm + 1
+        if name == 'parent' then
+          if parent_of[sender] == nil then
+            parent_of[sender] = redis.call('HGET', parents, sender) or false
+          end
+          may[nm] = parent_of[sender] ~= '' and parent_of[sender] -- a root's is ''
+        elseif status_of[name] then
+          may[nm] = name
+        else
+          may[nm] = redis.call('HGET', ids, name) or false
+        end
+      end
+    end
+  end
+  return undeclared(bells, may, nm), roster
 end
 
 -- The channel's message budget: `sent` messages so far (text or number, nil for none) under

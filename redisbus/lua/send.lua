@@ -319,7 +319,7 @@ end
 -- Before anything is written: the doorbell of every agent a message may go to is in KEYS,
 -- else the call says which are missing and writes nothing (may_ring)
 local miss, roster = may_ring(bells, ARGV, count, NF, status, parents, ids, status_of,
-  parent_of)
+  parent_of, open_routing, siblings)
 if miss then return miss end
 
 -- The steps of send_message() that are more than a few lines, in the order it takes them

@@ -101,7 +101,7 @@ def test_a_call_that_keeps_lacking_doorbells_is_a_clear_error_and_writes_nothing
     # join between each try)
     r = redis7.client()
     with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as here:
-        ch = here.channel("dk-stale", **OPEN)
+        ch = here.channel("dk-stale", **{**OPEN, "routing": "open"})
         s = ch.join("s")
         with Bus.from_url(redis7.url, settings=BusSettings(heartbeat_s=600)) as there:
             there.channel("dk-stale").join("far")

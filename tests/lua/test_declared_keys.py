@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from redisbus import Bus, BusSettings, Receipt
+from redisbus import _bindings as bind
 from tests.support.servers import Server
 
 _TOKEN = re.compile(rb'"((?:[^"\\]|\\.)*)"')
@@ -175,3 +176,53 @@ def test_every_key_a_script_touches_was_passed_in_keys(
         seen
     )
     assert not undeclared, "\n".join(sorted(set(undeclared)))
+
+
+def _send_keys(mon: Monitor, since: int) -> list[list[bytes]]:
+    """The KEYS of every send.lua call MONITOR saw after its first ``since`` lines."""
+    time.sleep(0.3)  # the last lines reach the monitor
+    return [keys for name, keys, _ in _scripts(mon.lines[since:]) if name.endswith("send")]
+
+
+def test_a_broadcast_is_given_the_doorbells_of_the_members_it_reaches_not_every_members(
+    monitored: tuple[Bus, Monitor, redis.Redis],
+) -> None:
+    # given: a family of 1 + 10 + 100 (no siblings: a grandchild reaches its parent only), and
+    # an open channel of four where one member has left
+    bus, mon, _ = monitored
+    fam = bus.channel("dk-reach", routing="family", sender_rate_burst=0, pair_rate_burst=0)
+    fam.join("root")
+    agents = {}
+    for i in range(10):
+        agents[f"c{i}"] = fam.join(f"c{i}", parent="root")
+        for j in range(10):
+            agents[f"g{i}.{j}"] = fam.join(f"g{i}.{j}", parent=f"c{i}")
+    leaf, mid = agents["g3.4"], agents["c3"]
+    # when: a grandchild broadcasts twice, and a child twice
+    since = len(mon.lines)
+    assert [r.to for r in leaf.send("all", "one")] == ["c3"]
+    assert [r.to for r in leaf.send("all", "two")] == ["c3"]
+    assert len(mid.send("all", "one")) == 11
+    assert len(mid.send("all", "two")) == 11
+    # then: the second of each is given the doorbells of those it reaches (a pair each)
+    calls = _send_keys(mon, since)
+    fixed = bind.SEND_FIXED
+    assert len(calls) == 4, [len(k) for k in calls]
+    assert len(calls[1]) == fixed + 2 and calls[1][fixed] == fam.keys.bell("c3").encode()
+    assert len(calls[3]) == fixed + 2 * 11
+    # and the first ones, given every member this bus met, asked for nothing (a superset)
+    assert len(calls[0]) == len(calls[2]) == fixed + 2 * 111
+
+    # given: an open channel where a member leaves after a broadcast
+    ch = bus.channel("dk-left", routing="open", sender_rate_burst=0, pair_rate_burst=0)
+    a, _, c = (ch.join(n) for n in ("a", "b", "c"))
+    a.send("all", "first")
+    ch.remove("c", force=True)
+    since = len(mon.lines)
+    # when: the sender broadcasts twice more
+    assert [r.to for r in a.send("all", "second")] == ["b"]
+    assert [r.to for r in a.send("all", "third")] == ["b"]
+    # then: the second still gave the member that left (its last broadcast reached it), the
+    # third no longer does
+    calls = _send_keys(mon, since)
+    assert [len(k) for k in calls] == [fixed + 4, fixed + 2], calls
