@@ -65,15 +65,20 @@ def slot_table(client: Any) -> None:
     """A Cluster client's slot table is ready: the sync client fills it in its constructor."""
 
 
-def moved(client: Any, e: rx.MovedError) -> None:
+def moved(client: Any, e: rx.MovedError) -> Any:
     """A Cluster client's slot table takes a MOVED reply's word: the slot is served by the node
     it names (``move_slot`` where redis-py has it, as 8.x does; 5.x and 6.x apply a noted
-    MOVED at the next slot lookup)."""
+    MOVED at the next slot lookup). Returns that node where the client knows it (else None),
+    for the next try to go to it whatever a refresh of the table meanwhile reads."""
     nodes = client.nodes_manager
     if hasattr(nodes, "move_slot"):
         nodes.move_slot(e)
     else:
         nodes._moved_exception = e
+    host, port = e.host, e.port
+    if hasattr(nodes, "remap_host_port"):  # (the address as the table names it)
+        host, port = nodes.remap_host_port(host, port)
+    return nodes.get_node(host=host, port=port)
 
 
 def node_client(client: Any, node: Any, current: Any) -> Any:

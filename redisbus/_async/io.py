@@ -31,6 +31,8 @@ Command = tuple[Any, ...]
 #: each time, the members the script found were not all among those it was given, because
 #: agents joined in between.
 UNRUNG_TRIES = 5
+#: MOVED replies one call follows in a row (backing off from the second: 3 to 7 s in all)
+REDIRECTS = 10
 
 
 class IO:
@@ -348,9 +350,11 @@ class IO:
         return out
 
     # -- Cluster ----------------------------------------------------------------------------
-    async def _node(self, key: str) -> IO:
-        await slot_table(self.r)
-        node = self.r.get_node_from_key(key)
+    async def _node(self, key: str, node: Any = None) -> IO:
+        """The standalone IO of ``node``, else of the primary serving ``key``'s slot."""
+        if node is None:
+            await slot_table(self.r)
+            node = self.r.get_node_from_key(key)
         sub = self.nodes.get(node.name)
         client = node_client(self.r, node, None if sub is None else sub.r)
         if sub is None or sub.r is not client:
@@ -366,18 +370,28 @@ class IO:
         word goes into the slot table: a refresh may read a node that has not yet heard of a
         failover, and send the call back to the one that refused it), after an ASK, once the
         slot table is read again. Other trouble is repeated, after the same refresh, only when
-        ``retry`` allows it."""
+        ``retry`` allows it. A MOVED reply's try goes to the node it names even when a refresh
+        (another call's) read a node that had not heard, up to REDIRECTS times in a row: while
+        a failover settles the nodes' views may send a call back and forth for a while."""
         self.check_open()
-        attempt = 0
+        attempt = redirects = 0
+        target: Any = None  # the node a MOVED reply named: the next try goes there
         while True:
             try:
-                return await op(await self._node(key))
+                return await op(await self._node(key, target))
             except (RedisbusError, rx.RedisError, rx.RedisClusterException, OSError) as e:
                 # the node's IO raised a redisbus error; finding the node, a redis-py one
                 cause, err = (
                     (e.__cause__, e) if isinstance(e, RedisbusError) else (e, classify(e)[1])
                 )
-                redirect = isinstance(cause, rx.AskError)  # MovedError is one too
+                target = None
+                if isinstance(cause, rx.MovedError) and redirects < REDIRECTS:
+                    self.retries += 1
+                    target = await moved(self.r, cause)
+                    await sleep(backoff_s(redirects - 1) if redirects else 0)
+                    redirects += 1
+                    continue
+                redirect = isinstance(cause, rx.AskError) and not isinstance(cause, rx.MovedError)
                 again = redirect or (
                     retry and isinstance(cause, BaseException) and classify(cause)[0] == "retry"
                 )
@@ -388,9 +402,6 @@ class IO:
                 self.retries += 1
                 await sleep(backoff_s(attempt) if attempt or not redirect else 0)
                 attempt += 1
-                if isinstance(cause, rx.MovedError):
-                    await moved(self.r, cause)
-                    continue
                 # a refresh that fails (still re-forming) is told by the next try
                 with contextlib.suppress(rx.RedisError, rx.RedisClusterException, OSError):
                     await self.r.nodes_manager.initialize()

@@ -167,3 +167,30 @@ def test_moved_reply_is_followed_when_a_refresh_reads_a_node_that_has_not_heard(
         assert got == [f"after {i}" for i in range(3)]
         assert cluster.node_client(m.dst).xlen(f"rb:{{{m.name}}}:s") >= 4
         assert nodes.slots_cache[m.slot][0].port == m.dst
+
+
+def test_moved_reply_is_followed_when_other_calls_refresh_the_table_before_the_next_try(
+    cluster: Cluster, face: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a bus that has talked on a channel whose slot then moved to another primary
+    with talked_then_moved(cluster, face, "rf-") as m:
+        # and: before every lookup of a slot's node, a refresh (as other calls ask for while a
+        # failover settles) reads a node that has not heard of the move, so the table names
+        # the old primary again, whatever a MOVED reply just put there
+        client = getattr(m.bus, "_target", m.bus)._io.r
+        nodes = client.nodes_manager
+        old = nodes.get_node(host="127.0.0.1", port=m.src)
+        lookup = type(client).get_node_from_key
+
+        def stale_lookup(self: Any, key: str, replica: bool = False) -> Any:
+            nodes.slots_cache[m.slot] = [old]
+            return lookup(self, key, replica)
+
+        monkeypatch.setattr(type(client), "get_node_from_key", stale_lookup)
+        # when: it sends and waits, each call refused with MOVED by the old primary first
+        for i in range(3):
+            m.a.send("z", f"after {i}")
+        got = [msg.body for msg in m.z.wait(timeout=5).messages]
+        # then: each went to the node the MOVED reply named, once, and nothing was lost
+        assert got == [f"after {i}" for i in range(3)]
+        assert cluster.node_client(m.dst).xlen(f"rb:{{{m.name}}}:s") >= 4
