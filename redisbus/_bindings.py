@@ -453,7 +453,7 @@ def with_bells(call: Call, names: Iterable[str]) -> Call:
             if args[i + 1] == "all":
                 args[i + 2] = "known"
     elif call.script == "outcome":
-        args = [*args[:7], "known"]
+        args = [*args[: len(OUTCOME.argv) - 1], "known"]  # (its last, optional: "known")
     return Call(call.script, [*call.keys, *doorbells(call.keys[0], names)], args)
 
 
