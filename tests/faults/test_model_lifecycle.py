@@ -654,6 +654,10 @@ class LifecycleModel(RuleBasedStateMachine):
                 if self.status[a] == "cancelled":  # cascaded by an ancestor found later
                     self.status[a] = "open"
                     required = False
+                if not required and p_ is not None:
+                    # found before its parent (then still open), it owed the parent "lost";
+                    # the parent, ended above in the model, is no longer open to end() below
+                    self.want[(p_, a)] = ("lost", False)
                 self.end(a, "lost", outcome="lost", required=required)
         for a in orphans:
             if real.get(a) == "cancelled" and self.status[a] == "open":
