@@ -3,6 +3,7 @@ of channel.lua, and what a janitor pass and the dead-letter stream report. No I/
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -86,6 +87,22 @@ def limit_range(field: str) -> float:
     return MAX_DURATION_S if field in _DURATION_LIMITS else MAX_RATE
 
 
+@functools.cache
+def limit_bounds(field: str) -> tuple[float, bool, float]:
+    """(lowest, lowest excluded, highest): the range ``BusSettings`` allows the default of
+    channel limit ``field``, which a value passed to ``bus.channel()`` or ``ch.configure()`` is
+    held to as well (an inbox cap of 0, say, would be a channel nobody can receive on)."""
+    lo, strict, hi = 0.0, False, limit_range(field)
+    for bound in BusSettings.model_fields[field].metadata:
+        if getattr(bound, "ge", None) is not None:
+            lo = max(lo, float(bound.ge))
+        if getattr(bound, "gt", None) is not None:
+            lo, strict = max(lo, float(bound.gt)), True
+        if getattr(bound, "le", None) is not None:
+            hi = min(hi, float(bound.le))
+    return lo, strict, hi
+
+
 def fmt_number(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
@@ -150,12 +167,13 @@ def plan_channel(
     for field in LIMITS:
         if field in overrides and overrides[field] is not None:
             value = overrides[field]
+            lo, strict, hi = limit_bounds(field)
             if field in _INT_LIMITS:
-                v: float = check.integer(value, field, 0, MAX_COUNT)
+                v: float = check.integer(value, field, int(lo) + strict, int(hi))
             elif field in _DURATION_LIMITS:
-                v = check.duration(value, field)
+                v = check.seconds(value, field, maximum=hi, allow_zero=not strict)
             else:
-                v = check.positive_number(value, field, maximum=MAX_RATE)
+                v = check.positive_number(value, field, allow_zero=not strict, maximum=hi)
             explicit = True
         else:
             v = float(getattr(settings, field))
@@ -166,7 +184,7 @@ def plan_channel(
     else:
         if isinstance(deny, str) or not isinstance(deny, list | tuple | set | frozenset):
             raise InvalidInput("auto_reply_deny must be a list of agent names")
-        names = [check.name(n, "denied sender") for n in deny]
+        names = [check.member(n, "denied sender") for n in deny]
         out.append(("auto_reply_deny", "\n".join(names), True))
     return out
 

@@ -22,6 +22,8 @@ MAX_DURATION_S = 10 * 365 * 24 * 3600.0
 MAX_RATE = 1e9
 #: The largest count (caps, budgets, depths): what the scripts and a C int hold.
 MAX_COUNT = 2**31
+#: The longest name a channel may allow (its ``max_name_chars``).
+MAX_NAME_CHARS = 1024
 
 
 def _count(default: int, description: str, *, least: int = 0) -> Any:
@@ -111,7 +113,7 @@ class BusSettings(BaseSettings):
     inbox_cap: int = _count(128, "undone messages per recipient", least=1)
     max_body_bytes: int = _count(32 * 1024, "UTF-8 bytes of a body", least=1)
     max_name_chars: int = Field(
-        default=128, ge=1, le=1024, description="characters of a name or subject"
+        default=128, ge=1, le=MAX_NAME_CHARS, description="characters of a name or subject"
     )
     pair_rate_burst: float = _rate(3, "0 disables the pair bucket")
     pair_rate_per_s: float = _rate(1.0, "pair bucket refill")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ._errors import InvalidInput
-from ._settings import MAX_DURATION_S, MAX_RATE, MAX_WAIT_S
+from ._settings import MAX_DURATION_S, MAX_NAME_CHARS, MAX_RATE, MAX_WAIT_S
 
 RESERVED = frozenset({"all", "parent", "me"})
 
@@ -22,6 +22,13 @@ def name(value: object, what: str = "agent name", max_chars: int = 128) -> str:
     if not value.isprintable() or value != value.strip():
         raise InvalidInput(f"{what} must be printable, without control characters: {value!r}")
     return value
+
+
+def member(value: object, what: str) -> str:
+    """A name that refers to a member (a recipient, a parent, a child): as long as the longest
+    name any channel allows, since its channel's own ``max_name_chars`` held when it joined;
+    whether it is a member is the script's to say."""
+    return name(value, what, MAX_NAME_CHARS)
 
 
 def agent_name(value: object, max_chars: int = 128) -> str:
@@ -71,9 +78,9 @@ def recipients(to: object) -> tuple[str, list[str]]:
     if isinstance(to, str):
         if to == "all":
             return "all", []
-        return "one", [name(to, "recipient")]
+        return "one", [member(to, "recipient")]
     if isinstance(to, Iterable) and not isinstance(to, bytes | dict):
-        names = [name(n, "recipient") for n in to]
+        names = [member(n, "recipient") for n in to]
         if not names:
             raise InvalidInput("recipient list is empty")
         if "all" in names:

@@ -459,7 +459,7 @@ class Agent(Fetching):
 
     def cancel(self, child: str, reason: str = "") -> str | None:
         """Cancel a direct child and its whole subtree, on every host. Parents only."""
-        return self._outcome("cancel", check.name(child, "child"), reason)
+        return self._outcome("cancel", check.member(child, "child"), reason)
 
     def _outcome(self, op: str, target: str, text: str) -> str | None:
         body = check.body(check.text(text, "text", 32768, allow_newlines=True))

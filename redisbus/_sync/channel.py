@@ -48,7 +48,7 @@ class Channel:
         s = self.bus.settings
         agent = check.agent_name(name, int(self.config.limits.get("max_name_chars", 128)))
         if parent is not None:
-            check.name(parent, "parent")
+            check.member(parent, "parent")
         rep = check.name(replica, "replica", 256) if replica is not None else s.consumer
         desc = check.text(description, "description", 2000, allow_newlines=True)
         sk = [check.name(x, "skill") for x in skills] if not isinstance(skills, str) else None
@@ -84,7 +84,7 @@ class Channel:
         go back to running). Refused (NotPermitted) while it holds work: undone messages,
         pending entries, open children or a replica still beating; ``force=True`` drops that
         work (its children keep its name as their parent). UnknownAgent when not a member."""
-        name = check.name(agent, "agent")
+        name = check.member(agent, "agent")
         if not isinstance(force, bool):
             raise InvalidInput("force must be True or False")
         core.raise_if_refused(self.bus._io.script(*bind.remove(self.keys, name, force)))
