@@ -60,6 +60,8 @@ class AgentState:
         signing = self._bus._signer.enabled  # (the replay record's keys: see _replay_keep)
         self._fetch_keys = bind.fetch_keys(channel.keys, name, signing)
         self._deferred: builtins.list[str] = []
+        # an entry was rejected since the last settle: it is settled before the call returns
+        self._rejected = False
         self._recovered = False
         self._pulled = False  # wait() fetched what no doorbell names (once per handle)
         self._held: builtins.list[Message] = []  # fetched while waiting for children; returned next
@@ -279,8 +281,10 @@ class AgentState:
 
     def _reject(self, entry_id: str, reason: str) -> None:
         """An entry for this agent that failed a check: never handed over; settle.lua acks it,
-        counts the inbox down and marks it rejected with the next call."""
+        counts the inbox down and marks it rejected before the call that found it returns (one
+        more round trip, on this path only), so the sender's receipt says so at once."""
         self._deferred += [f"j:{reason}", entry_id]
+        self._rejected = True
         self._bus.metrics.message_rejected(reason)
         log.warning("redisbus: rejected message %s to %s: %s", entry_id, self.name, reason)
 

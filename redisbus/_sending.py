@@ -365,7 +365,15 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
             else:
                 status = "delivered"
         elif int(passed):
-            status = "done"
+            # the recipient's cursor is past it, and it was never handed over nor marked: no
+            # send rang it (a raw write, such as a copy, which a wait jumps over) or its
+            # recipient was removed before taking it; never done
+            status = "rejected"
+            error = MessageRejected(
+                "never handed over: the recipient's cursor passed it (no send rang it, or the "
+                "recipient was removed)",
+                reason="passed_over",
+            )
         elif ttl is not None and id_ms(entry_id) + ttl * 1000 < now:
             status = "expired"
         else:
@@ -378,7 +386,8 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
             # send.
             if read is not None and delivered >= read - _SAME_HAND_OUT:
                 delivered = read
-            delivered = max(delivered, queued)
+            if queued is not None and delivered < queued:
+                delivered = queued
         out.append(
             Receipt(
                 id=entry_id,

@@ -257,7 +257,9 @@ class AsyncAgent(Fetching):
         self, filter_by: str | None = "unread", since: str | None = None, limit: int = 100
     ) -> builtins.list[Message]:
         """Messages matching the filter; those addressed to this agent become read."""
-        return await self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
+        out = await self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
+        await self._settle_rejected()
+        return out
 
     async def list(
         self,
@@ -269,9 +271,11 @@ class AsyncAgent(Fetching):
         """Headers and read flags; changes nothing. Bodies are cut to ``preview_chars``."""
         if preview_chars is not None:
             check.integer(preview_chars, "preview_chars", 0, 1 << 20)
-        return await self._view(
+        out = await self._view(
             filter_by, since, limit, pull=False, mark=False, preview=preview_chars
         )
+        await self._settle_rejected()
+        return out
 
     async def flush(self) -> None:
         """Write pending bookkeeping (read marks, acks of others' entries) now."""
@@ -279,6 +283,13 @@ class AsyncAgent(Fetching):
         if calls:
             await self._bus._io.scripts(calls)
             self._deferred.clear()
+
+    async def _settle_rejected(self) -> None:
+        """Settle now what the call rejected (a forged, copied or malformed entry), with the
+        rest of the bookkeeping: its sender's receipt says rejected when the call returns."""
+        if self._rejected:
+            self._rejected = False
+            await self.flush()
 
     async def wait(self, timeout: float | None = None, *, status: str = "waiting") -> WaitResult:
         """Block until a message for this agent, a child's outcome, its own cancellation, or
@@ -289,6 +300,11 @@ class AsyncAgent(Fetching):
         releases its concurrency slot, if it has one. Any other status is ``InvalidInput``
         (finishing is ``complete()``/``fail()``, never a wait).
         """
+        result = await self._wait(timeout, status)
+        await self._settle_rejected()
+        return result
+
+    async def _wait(self, timeout: float | None, status: str) -> WaitResult:
         if status not in WAIT_STATUSES:
             raise InvalidInput(
                 f"wait status must be one of {', '.join(WAIT_STATUSES)}, got {status!r}"

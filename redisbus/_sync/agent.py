@@ -256,7 +256,9 @@ class Agent(Fetching):
         self, filter_by: str | None = "unread", since: str | None = None, limit: int = 100
     ) -> builtins.list[Message]:
         """Messages matching the filter; those addressed to this agent become read."""
-        return self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
+        out = self._view(filter_by, since, limit, pull=True, mark=True, preview=None)
+        self._settle_rejected()
+        return out
 
     def list(
         self,
@@ -268,7 +270,9 @@ class Agent(Fetching):
         """Headers and read flags; changes nothing. Bodies are cut to ``preview_chars``."""
         if preview_chars is not None:
             check.integer(preview_chars, "preview_chars", 0, 1 << 20)
-        return self._view(filter_by, since, limit, pull=False, mark=False, preview=preview_chars)
+        out = self._view(filter_by, since, limit, pull=False, mark=False, preview=preview_chars)
+        self._settle_rejected()
+        return out
 
     def flush(self) -> None:
         """Write pending bookkeeping (read marks, acks of others' entries) now."""
@@ -276,6 +280,13 @@ class Agent(Fetching):
         if calls:
             self._bus._io.scripts(calls)
             self._deferred.clear()
+
+    def _settle_rejected(self) -> None:
+        """Settle now what the call rejected (a forged, copied or malformed entry), with the
+        rest of the bookkeeping: its sender's receipt says rejected when the call returns."""
+        if self._rejected:
+            self._rejected = False
+            self.flush()
 
     def wait(self, timeout: float | None = None, *, status: str = "waiting") -> WaitResult:
         """Block until a message for this agent, a child's outcome, its own cancellation, or
@@ -286,6 +297,11 @@ class Agent(Fetching):
         releases its concurrency slot, if it has one. Any other status is ``InvalidInput``
         (finishing is ``complete()``/``fail()``, never a wait).
         """
+        result = self._wait(timeout, status)
+        self._settle_rejected()
+        return result
+
+    def _wait(self, timeout: float | None, status: str) -> WaitResult:
         if status not in WAIT_STATUSES:
             raise InvalidInput(
                 f"wait status must be one of {', '.join(WAIT_STATUSES)}, got {status!r}"

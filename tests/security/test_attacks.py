@@ -259,6 +259,39 @@ def test_an_entry_no_bell_names_never_reaches_a_waiting_agent(env: Env) -> None:
     assert mark_of(env.raw, ch, forged, "a-reader") == ""
     writer.send("a-reader", "genuine")
     assert [m.body for m in reader.wait(timeout=5).messages] == ["genuine"]
+    # and once the reader's cursor is past it, its receipt says it was never handed over (not
+    # done: a copy fetched with a genuine message showed done)
+    (receipt,) = writer.receipt(forged)
+    assert receipt.status == "rejected" and receipt.error is not None
+    assert receipt.error.reason == "passed_over"  # type: ignore[attr-defined]
+    assert receipt.delivered_at is None and receipt.done_at is None
+
+
+@pytest.mark.parametrize("path", ["read", "wait"])
+def test_a_forged_entry_shows_rejected_when_the_call_that_found_it_returns(
+    env: Env, path: str
+) -> None:
+    # given: a genuine message read and done, then a copy with another body and nonce (its
+    # signature no longer matches), its recipient's bell rung
+    bus = env.bus("host-a")
+    ch = bus.channel(env.channel_name(), **FAST)
+    reader, writer = ch.join("a-reader"), ch.join("a-writer")
+    r = writer.send("a-reader", "genuine")
+    reader.mark_done(reader.wait(timeout=5).messages)
+    assert r.id is not None
+    ((_, fields),) = env.raw.xrange(ch.keys.stream, r.id, r.id)
+    kid, _, sig, rest = fields["g"].split(":", 3)
+    forged = copy_of(env.raw, ch, r.id, b="evil", g=":".join([kid, "cd" * 12, sig, rest]))
+    # when: one call finds it (and nothing else is called after it)
+    if path == "read":
+        assert reader.read() == []
+    else:
+        assert reader.wait(timeout=0.5).kind == "timeout"
+    # then: the sender's receipt says rejected at once, and the inbox is counted down
+    (receipt,) = writer.receipt(forged)
+    assert receipt.status == "rejected" and receipt.error is not None
+    assert receipt.error.reason == "bad_signature"  # type: ignore[attr-defined]
+    assert mark_of(env.raw, ch, forged, "a-reader").endswith(":bad_signature")
 
 
 def test_a_host_cannot_join_under_a_name_it_does_not_own(env: Env) -> None:
