@@ -314,9 +314,9 @@ def _parse_other(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt
             )
     if plan.mode == "one":
         return receipts[0]
-    if plan.mode == "many":
-        order = {n: i for i, n in enumerate(plan.names)}
-        receipts.sort(key=lambda r: order.get(r.to, len(order)))
+    if len(reply) > 4:  # some were refused: the script says each recipient's place
+        place = {str(n): i for i, n in enumerate(reply[4])}
+        receipts.sort(key=lambda r: place.get(r.to, len(place)))
     return receipts
 
 

@@ -25,6 +25,8 @@
 --      or id                 a "one" send, accepted, to the recipient as named (cheapest)
 --      or {1, id, name}      a "one" send, accepted, to `name` (an agent id or "parent" named)
 --      or {1, id|false, {accepted...}, {name, code, message, limit, current, retry_ms, ...}}
+--         and, when some were refused, {name...}: every recipient in receipt order (a list's
+--         as given, a broadcast's as reached: parent, siblings, children, others)
 --      or {2, id, {recipients...}}                                  idempotent replay
 --   for several: a list of those, one per message, in order.
 --   Or, for the whole call, {-1, name, ...}: agents the messages may go to whose doorbells
@@ -70,6 +72,12 @@ local NF = 14
 local count = #ARGV / NF
 if count < 1 or count ~= floor(count) then
   return redis.error_reply('ERR send.lua takes 14 arguments per message')
+end
+
+local function first_of(list, n) -- list[1..n], as a list of its own (a scratch list is longer)
+  local out = {}
+  for i = 1, n do out[i] = list[i] end
+  return out
 end
 
 local function refuse(code, msg, limit, current, retry_ms)
@@ -464,8 +472,11 @@ local function send_message(item, base)
     sp = parent_of[sender] or ''
   end
   local nt, refused, nr = 0, not one and {} or nil, 0
+  -- a list's receipts in the order given (a name as resolved, or as given when refused)
+  local order, no = mode == 'many' and {} or nil, 0
   if mode == 'all' then
     sp, nt = everyone(sender, targets)
+    order, no = targets, nt
   else
     for i = 1, nn do
       local name = names[i]
@@ -479,6 +490,7 @@ local function send_message(item, base)
         else
           nt = nt + 1
           targets[nt] = resolved
+          if order then no = no + 1; order[no] = resolved end
         end
       end
       if code then
@@ -486,6 +498,7 @@ local function send_message(item, base)
         refused[nr + 1], refused[nr + 2], refused[nr + 3] = name, code, msg
         refused[nr + 4], refused[nr + 5], refused[nr + 6] = '', '', ''
         nr = nr + 6
+        no = no + 1; order[no] = name
       end
     end
   end
@@ -566,7 +579,7 @@ local function send_message(item, base)
   end
   if na == 0 then
     if one then return refuse('invalid_input', 'no recipient') end
-    return {1, false, {}, refused}
+    return {1, false, {}, refused, first_of(order, no)}
   end
 
   local sfield = 's\n' .. sender
@@ -598,6 +611,7 @@ local function send_message(item, base)
     idem_new[#idem_new + 1] = v
   end
   if one then return {1, id, to} end
+  if nr > 0 then return {1, id, accepted, refused, first_of(order, no)} end
   return {1, id, accepted, refused}
 end
 

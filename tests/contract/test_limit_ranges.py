@@ -1,6 +1,7 @@
 """A channel's limits hold the ranges their defaults do, and a channel that allows names longer
-than 128 characters takes them everywhere a member is named (docs/concepts.md#limits-and-loop-
-protection). On both faces, on real servers and the in-memory double."""
+than 128 characters takes them everywhere a member is named
+(docs/concepts.md#limits-and-loop-protection). On both faces, on real servers and the
+in-memory double."""
 
 from __future__ import annotations
 
