@@ -130,6 +130,7 @@ JOIN = _s(
     "stream meta members parents status ids inbox beat marks idem",
     "name parent parented id replica host description skills lease",
 )
+LEASE = _s("lease", "stream", "agent consumer entry..")
 LEAVE = _s("leave", _MEMBER, "agent id replica")
 OUTCOME = _s(
     "outcome",
@@ -178,6 +179,7 @@ SCRIPTS: dict[str, Script] = {
         DELETE,
         DONE,
         JOIN,
+        LEASE,
         LEAVE,
         OUTCOME,
         RECEIPT,
@@ -356,6 +358,10 @@ def outcome_id(reply: Sequence[Any]) -> str | None:
     """outcome.lua's reply: the outcome entry's id (None when none was written)."""
     raise_if_refused(reply)
     return str(reply[1]) or None
+
+
+def lease(k: ChannelKeys, agent: str, consumer: str, ids: Sequence[str]) -> Call:
+    return LEASE.call(LEASE.keys_of(k), [agent, consumer, *ids])
 
 
 def receipt(k: ChannelKeys, entry: str) -> Call:

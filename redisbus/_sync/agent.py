@@ -404,18 +404,12 @@ class Agent(Fetching):
 
     def extend_lease(self, message: str | Message) -> bool:
         """Keep a message this replica is still handling from being reclaimed (long turns):
-        resets its idle time without counting a delivery."""
+        resets its idle time without counting a delivery. False when this replica no longer
+        holds it (done, dead-lettered, or taken back by another replica after its lease ran
+        out, which keeps it: a lease is never taken back)."""
         entry = message_ids(message)[0]
-        got = self._bus._io.call(
-            self._bus._io.r.xclaim,
-            self._keys.stream,
-            self.name,
-            self.replica,
-            0,
-            [entry],
-            justid=True,
-        )
-        return bool(got)
+        k = self._keys
+        return bool(self._bus._io.script(*bind.lease(k, self.name, self.replica, [entry])))
 
     def mark_done(
         self, message: str | Message | Iterable[str | Message], result: str = "ok"

@@ -105,6 +105,25 @@ def test_a_message_handed_out_once_goes_to_the_other_replica_with_deliveries_2(
     assert boss.receipt(r.id)[0].status == "done"
 
 
+def test_a_lease_extended_after_another_replica_took_the_message_back_stays_with_it(
+    make_bus: Any,
+) -> None:
+    # given: replica a handled a job past its lease, and replica b took it back
+    ch, bus_a, bus_b = channel(make_bus("boss")), make_bus("a"), make_bus("b")
+    boss = ch.join("boss")
+    a, b = (bus.channel(ch.name).join("worker") for bus in (bus_a, bus_b))
+    r = boss.send("worker", "job")
+    assert [m.id for m in a.wait(timeout=2).messages] == [r.id]
+    time.sleep(LEASE + 0.1)
+    assert [(m.id, m.deliveries) for m in b.wait(timeout=2).messages] == [(r.id, 2)]
+    # when: a, late, extends its lease
+    # then: it is told it no longer holds it, and b keeps it
+    assert a.extend_lease(r.id) is False
+    assert b.extend_lease(r.id) is True
+    b.mark_done(r.id)
+    assert b.extend_lease(r.id) is False  # done: no one's
+
+
 def test_an_entry_fetched_ahead_and_never_returned_is_a_first_delivery_elsewhere(
     make_bus: Any,
 ) -> None:

@@ -92,6 +92,7 @@ def calls() -> dict[str, b.Call]:
         "delete": b.delete(K, ["a", "b"], False),
         "done": b.done(K, "a", "ok", ["1-1"]),
         "join": b.join(K, "a", None, "id", "r", "h", "", ["x"], 1000),
+        "lease": b.lease(K, "a", "r", ["1-1"]),
         "leave": b.leave(K, "a", "id", "r"),
         "outcome": b.outcome(K, "complete", "a", "a", "ok", ["", "", ""]),
         "receipt": b.receipt(K, "1-1"),

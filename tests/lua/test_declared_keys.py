@@ -61,6 +61,17 @@ class Monitor:
             source = head.rpartition(b" ")[2].decode()
             self.lines.append((source, [_unquote(t) for t in _TOKEN.findall(rest)]))
 
+    def caught_up(self, client: redis.Redis) -> int:
+        """How many lines there are once every command sent before this call is among them
+        (MONITOR lines arrive on their own thread, behind the commands)."""
+        marker = f"caught-up-{len(self.lines)}-{time.monotonic_ns()}".encode()
+        client.echo(marker)
+        deadline = time.monotonic() + 10
+        while not any(marker in args for _, args in self.lines[-50:]):
+            assert time.monotonic() < deadline, "MONITOR fell 10 s behind"
+            time.sleep(0.005)
+        return len(self.lines)
+
     def close(self) -> None:
         self._conn.disconnect()
         self._client.close()
@@ -195,7 +206,7 @@ def test_a_broadcast_is_given_the_doorbells_of_the_members_it_reaches_not_every_
 ) -> None:
     # given: a family of 1 + 10 + 100 (no siblings: a grandchild reaches its parent only), and
     # an open channel of four where one member has left
-    bus, mon, _ = monitored
+    bus, mon, plain = monitored
     fam = bus.channel("dk-reach", routing="family", sender_rate_burst=0, pair_rate_burst=0)
     fam.join("root")
     agents = {}
@@ -205,12 +216,13 @@ def test_a_broadcast_is_given_the_doorbells_of_the_members_it_reaches_not_every_
             agents[f"g{i}.{j}"] = fam.join(f"g{i}.{j}", parent=f"c{i}")
     leaf, mid = agents["g3.4"], agents["c3"]
     # when: a grandchild broadcasts twice, and a child twice
-    since = len(mon.lines)
+    since = mon.caught_up(plain)
     assert [r.to for r in leaf.send("all", "one")] == ["c3"]
     assert [r.to for r in leaf.send("all", "two")] == ["c3"]
     assert len(mid.send("all", "one")) == 11
     assert len(mid.send("all", "two")) == 11
     # then: the second of each is given the doorbells of those it reaches (a pair each)
+    mon.caught_up(plain)
     calls = _send_keys(bus, mon, since)
     fixed = bind.SEND_FIXED
     assert len(calls) == 4, [len(k) for k in calls]
@@ -224,11 +236,12 @@ def test_a_broadcast_is_given_the_doorbells_of_the_members_it_reaches_not_every_
     a, _, c = (ch.join(n) for n in ("a", "b", "c"))
     a.send("all", "first")
     ch.remove("c", force=True)
-    since = len(mon.lines)
+    since = mon.caught_up(plain)
     # when: the sender broadcasts twice more
     assert [r.to for r in a.send("all", "second")] == ["b"]
     assert [r.to for r in a.send("all", "third")] == ["b"]
     # then: the second still gave the member that left (its last broadcast reached it), the
     # third no longer does
+    mon.caught_up(plain)
     calls = _send_keys(bus, mon, since)
     assert [len(k) for k in calls] == [fixed + 4, fixed + 2], calls
