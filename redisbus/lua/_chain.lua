@@ -11,7 +11,7 @@
 -- count "c\nID" in the rate hash `rate` (the first message included; read through the call's
 -- copy `cached`); so a ring of agents each sending a new message for every one it handles
 -- stops. An auto_reply (`mtype`) never answers an auto_reply, nor a sender of `deny_list`
--- (names joined by "\n"). Returns the depth, the chain's id ("" for none), then the refusal
+-- (names joined by "\n"), nor is sent while its sender handles one of those. Returns the depth, the chain's id ("" for none), then the refusal
 -- (code, message, limit, current).
 local function chain_of(stream, rate, cached, reply_to, cause, mtype, deny_list, max_chain,
                         max_msgs)
@@ -36,7 +36,7 @@ local function chain_of(stream, rate, cached, reply_to, cause, mtype, deny_list,
       elseif k == 'f' then psender = f[i + 1] end
     end
     depth = pdepth + 1
-    if mtype == 'auto_reply' and parent == reply_to then
+    if mtype == 'auto_reply' then -- (an answer, or sent while handling it: either is automatic)
       if ptype == 'auto_reply' then
         return depth, chain, 'loop', 'an auto_reply never answers an auto_reply', 0, 1
       end

@@ -313,6 +313,24 @@ def test_chain_depth_and_auto_reply_rule(bus: Any, chan_name: str) -> None:
     a.send("designer", "a human answer to an auto reply is fine", reply_to=auto.id)
 
 
+def test_an_auto_reply_is_never_sent_while_handling_an_auto_reply(
+    bus: Any, chan_name: str
+) -> None:
+    # given: the designer handling an auto_reply (fetched, not done yet)
+    ch, director, writer, designer = team(bus, chan_name)
+    writer.send("designer", "ack", type="auto_reply")
+    (got,) = designer.wait(5).messages
+    # when: it sends an automatic message of its own, answering or not, to anyone
+    # then: refused, as an answer (reply_to) is; a message of another type goes
+    for to in ("writer", "director"):
+        with pytest.raises(LoopRefused):
+            designer.send(to, "auto of auto", type="auto_reply")
+    designer.send("writer", "a human note while handling it")
+    # and once it is done with it, its automatic messages go again
+    designer.mark_done(got)
+    designer.send("writer", "a later auto_reply", type="auto_reply")
+
+
 def test_pause_refuses_every_send_until_resumed(bus: Any, chan_name: str) -> None:
     ch, _, writer, _ = team(bus, chan_name)
     ch.pause()
