@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ._channels import ChannelConfig, SweepReport, parse_channel
-from ._errors import UnknownChannel, raise_if_refused
+from ._errors import RedisbusError, UnknownChannel, raise_if_refused
 from ._keys import ChannelKeys, doorbells
 
 __all__ = [
@@ -326,6 +326,11 @@ class Joined(NamedTuple):
 
 def joined(reply: Sequence[Any]) -> Joined:
     raise_if_refused(reply)
+    if len(reply) != 6:  # join.lua found the member's record without an id (a raw write)
+        raise RedisbusError(
+            "the member's stored record is unreadable: remove it (ch.remove(name, force=True)) "
+            "and join again"
+        )
     _, agent_id, depth, parent, status, created = reply
     return Joined(str(agent_id), int(depth), parent or None, str(status), int(created) == 1)
 

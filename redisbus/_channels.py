@@ -6,16 +6,19 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 from . import _validate as check
+from ._entries import malformed
 from ._errors import (
     ChannelMismatch,
     InvalidInput,
     UnknownAgent,
 )
+from ._filters import ENTRY_ID
 from ._messages import message_from_fields
 from ._model import (
     DeadLetter,
@@ -222,6 +225,17 @@ def config_from_hash(name: str, h: Mapping[str, str]) -> ChannelConfig:
 _warned: set[tuple[str, str, str]] = set()
 
 
+def _first(seen: set[tuple[str, str]] | set[tuple[str, str, str]], key: Any) -> bool:
+    """Whether ``key`` is new to ``seen`` (then added): what a warning is said once for. The
+    set is bounded (cleared at 1,024), so a flood of distinct values cannot grow it."""
+    if key in seen:
+        return False
+    if len(seen) >= 1024:
+        seen.clear()
+    seen.add(key)
+    return True
+
+
 def _stored(channel: str, field: str, raw: str) -> float | None:
     """A stored limit as every reader may use it: within 0..limit_range(field). Meta written
     raw (by hand, an attacker, an old version) can hold anything: a number past the range is
@@ -236,11 +250,7 @@ def _stored(channel: str, field: str, raw: str) -> float | None:
     if 0 <= v <= top:
         return v
     clamped = top if v > top else None
-    key = (channel, field, str(raw)[:64])
-    if key not in _warned:
-        if len(_warned) >= 1024:
-            _warned.clear()
-        _warned.add(key)
+    if _first(_warned, (channel, field, str(raw)[:64])):
         log.warning(
             "redisbus: channel %r stores %s=%r, outside 0..%s: %s (ch.configure(%s=...) "
             "stores a good one)",
@@ -256,22 +266,86 @@ def _count(text: str | None) -> int:
     return int(text) if text and text.isdigit() and len(text) < 20 else 0
 
 
-def parse_dead_letters(channel: str, entries: Sequence[Any]) -> list[DeadLetter]:
+#: The fields sweep.lua's dead_letter() writes before the message's own (whose 'a', a
+#: broadcast's flag, it drops, and whose 'g' and 'n' it keeps as 'og' and 'on').
+_DLQ_OWN = frozenset({"o", "a", "n", "w", "dead_ms", "og", "on"})
+#: The last millisecond a datetime holds (9999-12-31T23:59:59.999Z): past it, no time at all.
+_MAX_MS = 253_402_300_799_999
+_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def dead_letter_fault(f: Mapping[str, str]) -> str:
+    """ "" when the fields of a dead-letter stream entry are a dead letter as sweep.lua writes
+    one, else what is wrong. Anything else came from a raw write (by hand, an attacker, a
+    bug): ``ch.dead_letters()`` passes it over and ``ch.replay()`` refuses it."""
+    orig = f.get("o")
+    if orig is None or not ENTRY_ID.match(orig) or int(orig.partition("-")[0]) > _MAX_MS:
+        return "no original entry id"
+    try:
+        check.member(f.get("a"), "recipient")
+    except InvalidInput:
+        return "no recipient"
+    for k in ("n", "dead_ms", "on"):
+        v = f.get(k)
+        if (v is not None or k == "n") and not (v and _NUMBER.fullmatch(v)):
+            return f"field {k} is not a number"
+    if int(f.get("dead_ms") or 0) > _MAX_MS:
+        return "field dead_ms is out of range"
+    message = {k: v for k, v in f.items() if k not in _DLQ_OWN}
+    if "on" in f:
+        message["n"] = f["on"]
+    if "og" in f:
+        message["g"] = f["og"]
+    why = malformed(message)
+    return f"message: {why}" if why else ""
+
+
+# (channel, dead-letter entry id) already warned about: one line per entry and process, not
+# one per listing (a console lists them every few seconds); bounded
+_warned_dead: set[tuple[str, str]] = set()
+
+
+def parse_dead_letters(
+    channel: str,
+    entries: Sequence[Any],
+    rejected: Callable[[str, str], None] | None = None,
+) -> list[DeadLetter]:
+    """The dead letters among the entries of a dead-letter stream. A malformed entry (see
+    ``dead_letter_fault``) is passed over, never raised: one raw write must not hide every
+    dead letter of the channel. Each is said once, as a warning, and given to ``rejected``
+    (entry id, what is wrong) the first time, for a metric."""
     out = []
     for entry_id, f in entries:
-        orig = f.get("o", "0-0")
-        out.append(
-            DeadLetter(
-                id=entry_id,
-                original_id=orig,
-                recipient=f.get("a", ""),
-                deliveries=_count(f.get("n")),
-                reason=f.get("w", ""),
-                dead_at=ms_to_dt(_count(f.get("dead_ms"))) if f.get("dead_ms") else None,
-                message=message_from_fields(channel, orig, f, read=False),
-            )
-        )
+        why = dead_letter_fault(f)
+        if not why:
+            try:
+                out.append(_dead_letter(channel, str(entry_id), f))
+                continue
+            except (ValueError, TypeError, OverflowError) as e:  # (belt and braces)
+                why = f"unreadable: {e}"
+        if _first(_warned_dead, (channel, str(entry_id))):
+            log.warning(
+                "redisbus: channel %r: dead-letter entry %s is malformed (%s), passed over; "
+                "a raw write made it (XDEL removes it)",
+                channel, entry_id, why,
+            )  # fmt: skip
+            if rejected is not None:
+                rejected(str(entry_id), why)
     return out
+
+
+def _dead_letter(channel: str, entry_id: str, f: Mapping[str, str]) -> DeadLetter:
+    orig = f["o"]
+    dead_ms = f.get("dead_ms")
+    return DeadLetter(
+        id=entry_id,
+        original_id=orig,
+        recipient=f["a"],
+        deliveries=_count(f.get("n")),
+        reason=f.get("w", ""),
+        dead_at=ms_to_dt(int(dead_ms)) if dead_ms else None,
+        message=message_from_fields(channel, orig, f, read=False),
+    )
 
 
 @dataclass(frozen=True, slots=True)

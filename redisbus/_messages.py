@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import _validate as check
@@ -22,6 +22,9 @@ from ._model import (
 from ._signing import Signer
 
 # -- messages -----------------------------------------------------------------------------------
+
+#: The time of an entry id past what a datetime holds (an XADD with an explicit id may write one)
+_LAST = datetime.max.replace(tzinfo=UTC)
 
 
 def message_from_fields(
@@ -49,7 +52,10 @@ def message_from_fields(
     m.priority = int(prio) if prio and prio.isdigit() else 0
     m.reply_to = get("r") or None
     m.depth = int(depth) if depth and depth.isdigit() else 0
-    m.created_at = _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0]))
+    try:
+        m.created_at = _EPOCH + timedelta(milliseconds=int(entry_id.partition("-")[0]))
+    except (ValueError, OverflowError):  # a raw write's id: past 9999, or no id at all
+        m.created_at = _LAST if entry_id[:1].isdigit() else _EPOCH
     m.ttl_s = ttl_seconds(ttl)  # (never raises: a raw entry's fields are checked by malformed())
     m.read, m.truncated, m.verified, m.deliveries = read, False, verified, deliveries
     m.idempotency_key, m.trace = get("i") or None, get("c") or None

@@ -4,9 +4,11 @@ the ranking of member cards. No I/O."""
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from ._errors import (
     UnknownAgent,
@@ -17,6 +19,8 @@ from ._model import (
     Roster,
 )
 
+log = logging.getLogger("redisbus")
+
 
 def new_agent_id() -> str:
     return "ag-" + secrets.token_hex(6)
@@ -26,23 +30,79 @@ def new_agent_id() -> str:
 
 
 def members_from_hashes(
-    records: Mapping[str, str], statuses: Mapping[str, str]
+    records: Mapping[str, str], statuses: Mapping[str, str], channel: str = ""
 ) -> dict[str, Member]:
+    """Members from the members hash (name -> join.lua's JSON record) and the status hash. A
+    record a raw write left unreadable (not JSON, not an object, a field of the wrong type)
+    is read for what it holds: the member is still listed, by name and status, with the
+    fields it lacks left empty; said once, as a warning, never raised (the tree, every
+    roster and every ``discover`` would fail on it)."""
     out = {}
     for name, raw in records.items():
-        r = json.loads(raw)
-        skills = r.get("skills") or []
+        r, why = _record(raw)
+        if why:
+            _warn(channel, name, raw, why)
         out[name] = Member(
             name=name,
             id=r["id"],
-            parent=r.get("parent") or None,
-            depth=int(r.get("depth", 0)),
+            parent=r["parent"] or None,
+            depth=r["depth"],
             status=statuses.get(name, "running"),  # type: ignore[arg-type]
-            host=r.get("host", ""),
-            description=r.get("description", ""),
-            skills=tuple(skills) if isinstance(skills, list) else (),
+            host=r["host"],
+            description=r["description"],
+            skills=r["skills"],
         )
     return out
+
+
+def _record(raw: object) -> tuple[dict[str, Any], str]:
+    """A member's record as Member's fields (each of its type, the default where the record
+    has none), and what was wrong with it ("" when nothing)."""
+    out: dict[str, Any] = {"id": "", "parent": "", "depth": 0, "host": "", "description": ""}
+    out["skills"] = ()
+    try:
+        r = json.loads(raw) if isinstance(raw, str | bytes) else None
+    except (ValueError, RecursionError):
+        return out, "not JSON"
+    if not isinstance(r, dict):
+        return out, "not a JSON object"
+    wrong = []
+    for k in ("id", "parent", "host", "description"):
+        v = r.get(k)
+        if isinstance(v, str):
+            out[k] = v
+        elif v is not None or k == "id":
+            wrong.append(k)
+    depth = r.get("depth", 0)
+    if isinstance(depth, int) and not isinstance(depth, bool) and 0 <= depth < 1 << 31:
+        out["depth"] = depth
+    else:
+        wrong.append("depth")
+    skills = r.get("skills") or []  # (cjson writes an empty list as {})
+    if isinstance(skills, list) and all(isinstance(x, str) for x in skills):
+        out["skills"] = tuple(skills)
+    else:
+        wrong.append("skills")
+    return out, f"bad {', '.join(wrong)}" if wrong else ""
+
+
+# (channel, name, record) already warned about: one line per bad record and process, not one
+# per roster read; bounded, so a flood of distinct records cannot grow it without end
+_warned: set[tuple[str, str, str]] = set()
+
+
+def _warn(channel: str, name: str, raw: object, why: str) -> None:
+    key = (channel, name, str(raw)[:64])
+    if key in _warned:
+        return
+    if len(_warned) >= 1024:
+        _warned.clear()
+    _warned.add(key)
+    log.warning(
+        "redisbus: channel %r: the record of member %r is unreadable (%s): %r; listed by name "
+        "and status (a raw write made it)",
+        channel, name, why, str(raw)[:64],
+    )  # fmt: skip
 
 
 def roster_of(me: str, members: Mapping[str, Member], routing: str, siblings: bool) -> Roster:

@@ -52,7 +52,7 @@ def memory_bus(
 ) -> Bus:
     """A ``Bus`` on an in-memory Redis (a fresh one unless ``server`` is given)."""
     srv = server or fakeredis.FakeServer()
-    client = fakeredis.FakeRedis(server=srv, decode_responses=True)
+    client = fakeredis.FakeRedis(server=srv, decode_responses=True, encoding_errors="replace")
     bus = Bus(client, _settings(settings, **overrides))
     bus.fake_server = srv  # type: ignore[attr-defined]
     return bus
@@ -66,7 +66,9 @@ def memory_async_bus(
 ) -> AsyncBus:
     """An ``AsyncBus`` on an in-memory Redis (a fresh one unless ``server`` is given)."""
     srv = server or fakeredis.FakeServer()
-    client = fakeredis.aioredis.FakeRedis(server=srv, decode_responses=True)
+    client = fakeredis.aioredis.FakeRedis(
+        server=srv, decode_responses=True, encoding_errors="replace"
+    )
     bus = AsyncBus(client, _settings(settings, **overrides))
     bus.fake_server = srv  # type: ignore[attr-defined]
     return bus

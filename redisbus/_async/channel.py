@@ -128,7 +128,7 @@ class AsyncChannel:
         r = self.bus._io.r
         records = await self.bus._io.call(r.hgetall, self.keys.members)
         statuses = await self.bus._io.call(r.hgetall, self.keys.status)
-        return core.members_from_hashes(records, statuses)
+        return core.members_from_hashes(records, statuses, self.name)
 
     async def tree(self) -> builtins.list[Member]:
         return core.tree_order(await self.members())
@@ -162,20 +162,29 @@ class AsyncChannel:
         """Messages dead-lettered after too many deliveries, oldest first."""
         lim = check.integer(limit, "limit", 1, 100_000)
         entries = await self.bus._io.call(self.bus._io.r.xrange, self.keys.dlq, count=lim)
-        return core.parse_dead_letters(self.name, entries)
+        # a malformed entry (a raw write) is passed over, warned about and counted once
+        metrics = self.bus.metrics
+        return core.parse_dead_letters(
+            self.name, entries, lambda _id, _why: metrics.message_rejected("malformed")
+        )
 
     async def replay(self, dead_letter_id: str) -> str:
-        """Give a dead letter back to its recipient as a new message; returns the new id."""
+        """Give a dead letter back to its recipient as a new message; returns the new id.
+        InvalidInput when there is no such dead letter, or its entry is malformed (a raw
+        write: ``dead_letters()`` does not list it either)."""
         k = self.keys
         dead = check_entry_id(dead_letter_id, "dead letter id")
+        got = await self.bus._io.call(self.bus._io.r.xrange, k.dlq, dead, dead)
+        if not got:
+            raise InvalidInput(f"no dead letter {dead}")
+        f = dict(got[0][1])
+        why = core.dead_letter_fault(f)
+        if why:
+            raise InvalidInput(f"dead letter {dead} is malformed ({why}): it cannot be replayed")
         sig: builtins.list[str] = []
         signer = self.bus._signer
         if signer.enabled:  # this host signs the replay; the original's signature goes along
-            got = await self.bus._io.call(self.bus._io.r.xrange, k.dlq, dead, dead)
-            if not got:
-                raise InvalidInput(f"no dead letter {dead}")
-            f = dict(got[0][1])
-            sig = list(signer.sign(self.name, f, mode="replay", recipients=[f.get("a", "")]))
+            sig = list(signer.sign(self.name, f, mode="replay", recipients=[f["a"]]))
         return bind.replayed(await self.bus._io.script(*bind.replay(k, dead, sig)))
 
     async def sweep(
