@@ -44,6 +44,34 @@ local function soft(...)
   return r
 end
 
+-- add `by` to `agent`'s count in hash `inbox` (HINCRBY). A count a raw write left no integer
+-- is written anew (`by`, at least 0) instead of failing the script, so no send, wait or
+-- mark_done stops on it (repair.lua gives the exact count). With `may_skip`, at maxmemory the
+-- write is skipped (false), as soft does; any other error still raises.
+local function count_in(inbox, agent, by, may_skip)
+  local r = redis.pcall('HINCRBY', inbox, agent, by)
+  if type(r) == 'table' and r.err then
+    local e = tostring(r.err)
+    if string.find(e, 'not an integer', 1, true) then
+      local v = math.max(0, tonumber(by))
+      redis.call('HSET', inbox, agent, v .. '')
+      return v
+    end
+    if may_skip and string.find(e, 'OOM command not allowed', 1, true) then return false end
+    error(r)
+  end
+  return r
+end
+
+-- a count as stored (an inbox depth): what a raw write left that is no finite number of at
+-- least 0 reads as 0, so a script compares and writes a number (and the next count_in
+-- rewrites it)
+local function as_count(v)
+  local n = tonumber(v or '0')
+  if not n or n ~= n or n < 0 or n == math.huge then return 0 end
+  return n
+end
+
 -- `cmd` on hash `key` with items[1..n] after the key, `per` of them a command (Lua's unpack
 -- has a limit, and one huge command holds the server as long): the replies of a command that
 -- answers with a list (HMGET), as one list in order; nothing (an empty list) for the others.
@@ -190,7 +218,7 @@ end
 -- pending
 local function reject(stream, inbox, marks, agent, id, reason, now_s)
   if redis.call('XACK', stream, agent, id) == 1 then
-    redis.call('HINCRBY', inbox, agent, '-1')
+    count_in(inbox, agent, -1)
     redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now_s .. ':' .. reason)
     return 1
   end

@@ -48,7 +48,7 @@ local function hand(id, n, min_idle)
   local e = redis.call('XRANGE', stream, id, id)[1]
   if not e then
     -- trimmed while pending: nothing left to deliver
-    if redis.call('XACK', stream, agent, id) == 1 then redis.call('HINCRBY', inbox, agent, '-1') end
+    if redis.call('XACK', stream, agent, id) == 1 then count_in(inbox, agent, -1) end
     return
   end
   if not addressed(e[2], agent) then
@@ -61,7 +61,7 @@ local function hand(id, n, min_idle)
   if handed >= max_deliveries then
     if not dead_letter(dlq, id, agent, handed, e[2], now) then return end -- (no room yet)
     redis.call('XACK', stream, agent, id)
-    redis.call('HINCRBY', inbox, agent, '-1')
+    count_in(inbox, agent, -1)
     redis.call('HSET', marks, key, 'F' .. now .. ':max_deliveries')
     dead = dead + 1
     trip(meta, rate, agent, now)
@@ -70,7 +70,7 @@ local function hand(id, n, min_idle)
   local ttl = not mark and ttl_of(field(e[2], 'x'))
   if ttl and tonumber(string.match(id, '^(%d+)')) + ttl * 1000 < now then
     if redis.call('XACK', stream, agent, id) == 1 then
-      redis.call('HINCRBY', inbox, agent, '-1')
+      count_in(inbox, agent, -1)
       redis.call('HSET', marks, key, 'X' .. now)
     end
     return

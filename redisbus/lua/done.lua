@@ -36,7 +36,7 @@ if #ARGV == 3 then
   if mark and string.byte(mark, 1) == 82 and redis.call('XACK', stream, agent, id) == 1 then
     local read = string.sub(mark, 2)
     if read == '' then read = now_s end
-    redis.call('HINCRBY', inbox, agent, '-1')
+    count_in(inbox, agent, -1)
     redis.call('HSET', marks, key, 'D' .. now_s .. ':' .. read .. ':' .. read .. ':' .. result)
     return {1}
   end
@@ -84,7 +84,7 @@ for _, p in ipairs(plan) do
   if string.sub(mark, 1, 1) == 'R' then read = string.sub(mark, 2) end
   if read == '' then read = now_s end
   redis.call('XACK', stream, agent, id)
-  redis.call('HINCRBY', inbox, agent, '-1')
+  count_in(inbox, agent, -1)
   redis.call('HSET', marks, id .. '\n' .. agent,
     'D' .. now_s .. ':' .. read .. ':' .. delivered .. ':' .. result)
 end

@@ -119,7 +119,7 @@ local control_id = ''
 if #wake > 0 then
   control_id = redis.call('XADD', stream, '*', unpack(signed({'f', actor,
     't', table.concat(wake, '\n'), 'b', text, 's', 'cancel', 'k', 'control'}, control_sig)))
-  for _, w in ipairs(wake) do redis.call('HINCRBY', inbox, w, 1) end
+  for _, w in ipairs(wake) do count_in(inbox, w, 1) end
   ring(bells, table.concat(wake, '\n'), control_id)
 end
 
@@ -127,7 +127,7 @@ local outcome_id = ''
 if to_parent then
   outcome_id = redis.call('XADD', stream, '*', unpack(signed({'f', target, 't', parent,
     'b', text, 's', new_status, 'k', 'outcome'}, outcome_sig)))
-  redis.call('HINCRBY', inbox, parent, 1)
+  count_in(inbox, parent, 1)
   ring(bells, parent, outcome_id)
 end
 return {1, outcome_id, control_id, #victims}

@@ -53,7 +53,7 @@ if (ARGV[2] or '') ~= '' then
   fields[#fields + 1] = 'n'; fields[#fields + 1] = ARGV[3]
 end
 local id = redis.call('XADD', stream, '*', unpack(fields))
-redis.call('HINCRBY', inbox, recipient, 1)
+count_in(inbox, recipient, 1)
 ring(bells, recipient, id)
 redis.call('XDEL', dlq, dead_id)
 return {1, id, recipient}

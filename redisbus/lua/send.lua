@@ -148,7 +148,7 @@ if count == 1 and ARGV[2] == 'one' and ARGV[10] == '' and ARGV[3] ~= 'parent'
       if code then return refuse(code, msg, limit, current) end
     end
     if st[2] then
-      local queued = tonumber(call('HMGET', inbox, name)[1] or '0')
+      local queued = as_count(call('HMGET', inbox, name)[1])
       local now, now_s = clock()
       local sp, np, dv = '', '', nil
       if pa then sp, np = pa[1] or '', pa[2] or '' end
@@ -321,7 +321,7 @@ end
 members(pre_names, pre_nn, pre_parents or family)
 if pre_nd > 0 then
   local vals = call('HMGET', inbox, unpack(pre_depths, 1, pre_nd))
-  for i = 1, pre_nd do depth_of[pre_depths[i]] = tonumber(vals[i] or '0') end
+  for i = 1, pre_nd do depth_of[pre_depths[i]] = as_count(vals[i]) end
 end
 
 -- Before anything is written: the doorbell of every agent a message may go to is in KEYS,
@@ -376,7 +376,7 @@ local function everyone(sender, targets)
     whole = true
     local ib = call('HGETALL', inbox)
     for i = 1, #ib, 2 do
-      if depth_of[ib[i]] == nil then depth_of[ib[i]] = tonumber(ib[i + 1]) end
+      if depth_of[ib[i]] == nil then depth_of[ib[i]] = as_count(ib[i + 1]) end
     end
   end
   local sp = parent_of[sender] or ''
@@ -548,7 +548,7 @@ local function send_message(item, base)
     if nf > 0 then rate_fields(rate, cached, fields, nf) end
     if nd > 0 then
       local vals = call('HMGET', inbox, unpack(need_depth, 1, nd))
-      for i = 1, nd do depth_of[need_depth[i]] = tonumber(vals[i] or '0') end
+      for i = 1, nd do depth_of[need_depth[i]] = as_count(vals[i]) end
     end
   end
 

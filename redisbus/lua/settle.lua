@@ -41,7 +41,7 @@ for i = 2, #ARGV, 2 do
     changed = changed + (soft('HSETNX', marks, id .. '\n' .. agent, 'R' .. clock_text()) or 0)
   elseif op == 'x' or op == 'd' then
     if redis.call('XACK', stream, agent, id) == 1 then
-      redis.call('HINCRBY', inbox, agent, '-1')
+      count_in(inbox, agent, -1)
       local t = clock_text()
       local mark = 'X' .. t
       if op == 'd' then mark = 'D' .. t .. ':' .. t .. ':' .. t .. ':' end

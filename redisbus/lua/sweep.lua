@@ -95,7 +95,7 @@ for n = 0, #groups - 1 do
       if due then
         if redis.call('XACK', stream, name, p[1]) == 1 then
           if e then redis.call('HSET', marks, key, 'F' .. now .. ':max_deliveries') end
-          redis.call('HINCRBY', inbox, name, -1)
+          count_in(inbox, name, -1)
           dead = dead + 1
           trip(meta, rate, name, now)
         end
@@ -197,7 +197,7 @@ if nk > 0 then renew_table(idem, true) end
 local trimmed = 0
 if last then trimmed = redis.call('XTRIM', stream, 'MINID', next_id(last)) end
 for name, n in pairs(retired) do
-  soft('HINCRBY', inbox, name, -n)
+  count_in(inbox, name, -n, true)
   floor_pending(stream, inbox, name)
 end
 

@@ -65,7 +65,7 @@ local function expired(id, f)
 end
 local function expire(id)
   if redis.call('XACK', stream, agent, id) == 1 then
-    redis.call('HINCRBY', inbox, agent, '-1')
+    count_in(inbox, agent, -1)
     redis.call('HSET', marks, id .. '\n' .. agent, 'X' .. now)
   end
 end
@@ -108,7 +108,7 @@ local function reject_copy(id)
   if redis.call('XACK', stream, agent, id) == 1 then
     -- a copy a raw XADD wrote was never counted in: never below what the group still holds
     -- pending (as settle.lua; repair.lua gives the exact count)
-    redis.call('HINCRBY', inbox, agent, '-1')
+    count_in(inbox, agent, -1)
     floor_pending(stream, inbox, agent)
     redis.call('HSET', marks, id .. '\n' .. agent, 'J' .. now .. ':replay')
   end
@@ -240,7 +240,7 @@ local function consider(e, mk0, p0)
       if before > 0 and before >= max_deliveries() then -- (never handed out: not read)
         if dead_letter(dlq, id, agent, before, f, now)
           and redis.call('XACK', stream, agent, id) == 1 then
-          redis.call('HINCRBY', inbox, agent, '-1')
+          count_in(inbox, agent, -1)
           redis.call('HSET', marks, id .. '\n' .. agent, 'F' .. now .. ':max_deliveries')
           trip(meta, rate, agent, now)
           dead = dead + 1

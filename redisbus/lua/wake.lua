@@ -145,7 +145,7 @@ if fresh[1] then
         handed[#handed + 1] = e
         got, kept = true, true
       elseif redis.call('XACK', stream, agent, eid) == 1 then -- expired
-        redis.call('HINCRBY', inbox, agent, '-1')
+        count_in(inbox, agent, -1)
         redis.call('HSET', marks, eid .. '\n' .. agent, 'X' .. now_s)
         kept = true
       end

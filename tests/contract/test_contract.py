@@ -313,9 +313,7 @@ def test_chain_depth_and_auto_reply_rule(bus: Any, chan_name: str) -> None:
     a.send("designer", "a human answer to an auto reply is fine", reply_to=auto.id)
 
 
-def test_an_auto_reply_is_never_sent_while_handling_an_auto_reply(
-    bus: Any, chan_name: str
-) -> None:
+def test_an_auto_reply_is_never_sent_while_handling_an_auto_reply(bus: Any, chan_name: str) -> None:
     # given: the designer handling an auto_reply (fetched, not done yet)
     ch, director, writer, designer = team(bus, chan_name)
     writer.send("designer", "ack", type="auto_reply")

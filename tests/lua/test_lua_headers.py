@@ -121,7 +121,9 @@ def test_each_script_is_loaded_behind_the_helpers_it_calls(script: Traversable) 
         if re.search(rf"(?<![\w.:]){helper}\(", text):
             assert helper in included, (name, helper)
     for helper in included:  # each defined before its callers
-        called = [h for h in included if h != helper and f"{h}(" in shared[helper]]
+        called = [
+            h for h in included if h != helper and re.search(rf"(?<![\w.:]){h}\(", shared[helper])
+        ]
         assert all(list(included).index(h) < list(included).index(helper) for h in called)
 
 
