@@ -33,9 +33,22 @@ if parent ~= '' and redis.call('HEXISTS', parents, parent) == 0 then
   parent = redis.call('HGET', ids, parent) or parent
 end
 
+-- a member's stored record, or nil when a raw write left something else there
+local function record(text)
+  local ok, r = pcall(cjson.decode, text)
+  if ok and type(r) == 'table' and type(r.id) == 'string' and type(r.depth) == 'number' then
+    return r
+  end
+end
+local function unreadable(who)
+  return {0, 'invalid_input', 'the stored record of ' .. who .. ' is unreadable (a raw write): '
+    .. 'remove it (ch.remove(name, force=True)) and join again'}
+end
+
 local rec = redis.call('HGET', members, name)
 if rec then
-  local r = cjson.decode(rec)
+  local r = record(rec)
+  if not r then return unreadable(name) end
   if parent_given and parent ~= (r.parent or '') then
     return {0, 'invalid_input', name .. ' already joined with parent "' .. (r.parent or '') .. '"'}
   end
@@ -65,7 +78,9 @@ if parent ~= '' then
   if ps == 'failed' or ps == 'cancelled' then
     return {0, 'agent_closed', 'parent ' .. parent .. ' is ' .. ps}
   end
-  depth = cjson.decode(prec).depth + 1
+  local pr = record(prec)
+  if not pr then return unreadable('parent ' .. parent) end
+  depth = pr.depth + 1
 end
 if max_depth > 0 and depth > max_depth then
   return {0, 'budget', 'team depth budget: ' .. depth .. ' > ' .. max_depth}
