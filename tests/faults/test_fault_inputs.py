@@ -49,6 +49,10 @@ edges = st.sampled_from(
         MAX_INT + 1,
         10**400,
         -1,
+        0,
+        0.0,
+        1024,
+        1025,
         True,
     ]
 )
@@ -70,12 +74,20 @@ def a_number(v: Any) -> bool:
     return isinstance(v, int) or math.isfinite(v)
 
 
+#: The limits whose setting refuses 0 (a channel where nobody could receive, join or hold a
+#: message), and the longest name a channel may allow.
+_AT_LEAST_ONE = frozenset({"inbox_cap", "max_body_bytes", "max_name_chars", "max_deliveries"})
+_ABOVE_ZERO = frozenset({"lease_s", "retention_s"})
+_MAX_NAME_CHARS = 1024
+
+
 def allowed(field: str, v: Any) -> bool:
-    """The channel limit ``field`` may be ``v``."""
+    """The channel limit ``field`` may be ``v``: what its setting may be."""
     if field in _INT_LIMITS:
-        return type(v) is int and 0 <= v <= MAX_INT
+        top = _MAX_NAME_CHARS if field == "max_name_chars" else MAX_INT
+        return type(v) is int and (1 if field in _AT_LEAST_ONE else 0) <= v <= top
     top = TEN_YEARS_S if field in DURATIONS else MAX_RATE
-    return a_number(v) and 0 <= v <= top
+    return a_number(v) and (0 < v if field in _ABOVE_ZERO else 0 <= v) and v <= top
 
 
 @pytest.fixture(scope="module")
