@@ -87,7 +87,7 @@ def allowed(field: str, v: Any) -> bool:
         top = _MAX_NAME_CHARS if field == "max_name_chars" else MAX_INT
         return type(v) is int and (1 if field in _AT_LEAST_ONE else 0) <= v <= top
     top = TEN_YEARS_S if field in DURATIONS else MAX_RATE
-    return a_number(v) and (0 < v if field in _ABOVE_ZERO else 0 <= v) and v <= top
+    return a_number(v) and (v > 0 if field in _ABOVE_ZERO else v >= 0) and v <= top
 
 
 @pytest.fixture(scope="module")
