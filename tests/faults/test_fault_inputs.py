@@ -84,8 +84,8 @@ _MAX_NAME_CHARS = 1024
 def allowed(field: str, v: Any) -> bool:
     """The channel limit ``field`` may be ``v``: what its setting may be."""
     if field in _INT_LIMITS:
-        top = _MAX_NAME_CHARS if field == "max_name_chars" else MAX_INT
-        return type(v) is int and (1 if field in _AT_LEAST_ONE else 0) <= v <= top
+        most = _MAX_NAME_CHARS if field == "max_name_chars" else MAX_INT
+        return type(v) is int and (1 if field in _AT_LEAST_ONE else 0) <= v <= most
     top = TEN_YEARS_S if field in DURATIONS else MAX_RATE
     return a_number(v) and (v > 0 if field in _ABOVE_ZERO else v >= 0) and v <= top
 
