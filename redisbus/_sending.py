@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, NamedTuple
 
 from . import _bindings as bind
@@ -323,9 +323,6 @@ def _parse_other(plan: SendPlan, reply: Sequence[Any]) -> Receipt | list[Receipt
 # -- receipts -----------------------------------------------------------------------------------
 
 
-_SAME_HAND_OUT = timedelta(milliseconds=2)
-
-
 def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
     now = int(reply[0])
     if len(reply) == 1:
@@ -380,11 +377,11 @@ def parse_receipt(entry_id: str, reply: Sequence[Any]) -> list[Receipt]:
             status = "queued"
         if delivered is not None:
             # the pending list keeps when an entry was last handed out, read as "now less its
-            # idle time", the clock read at other instants, each to the millisecond: a
-            # re-read or a reclaim moves it later. The first hand-out is no later than the read
-            # (the same hand-out when within two milliseconds of it) and no earlier than the
-            # send.
-            if read is not None and delivered >= read - _SAME_HAND_OUT:
+            # idle time" (the clock read at another instant, to the millisecond), and a
+            # re-read or a reclaim moves it later. Once read, the read mark (written as the
+            # entry is handed over) says when: delivered_at is read_at; before, it is no
+            # earlier than the send.
+            if read is not None:
                 delivered = read
             if queued is not None and delivered < queued:
                 delivered = queued
